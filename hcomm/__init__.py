@@ -1,0 +1,8 @@
+"""hcomm: collectives and parallel training for heterogeneous clusters.
+
+Importing hcomm registers the ``hcomm`` torch.distributed backend and does
+nothing else (no environment changes, no patching of torch).
+"""
+__version__ = "0.1.0"
+
+from hcomm.errors import HCommError, HCommValueError  # noqa: F401

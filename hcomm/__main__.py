@@ -1,0 +1,5 @@
+import sys
+
+from hcomm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""The ``hcomm`` command: one entry point, each subcommand owned by its module.
+
+Each subcommand's module exposes ``main(argv) -> int`` and parses its own
+arguments, so adding a tool never touches the others.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import List, Optional
+
+# name -> (module, one-line help)
+SUBCOMMANDS = {
+    "demo": ("hcomm.demo", "spawn local ranks and compare hcomm with gloo (the main job for now)"),
+    "bench": ("hcomm.bench.cli", "nccl-tests style bandwidth benchmarks: hcomm bench OP ..."),
+    "topo": ("hcomm.bench.topo", "measured link matrix (alpha, beta) as a table and a heatmap"),
+    "emulate": ("hcomm.emulate.cli", "bring up / run on / check an emulated heterogeneous cluster"),
+    "settings": ("hcomm.cli", "list every HCOMM_* setting with its default and meaning"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: hcomm COMMAND [ARGS...]", "", "commands:"]
+    for name, (_, text) in SUBCOMMANDS.items():
+        lines.append(f"  {name:<9} {text}")
+    return "\n".join(lines)
+
+
+def _settings_main(argv: List[str]) -> int:
+    from hcomm.settings import markdown_table
+
+    print(markdown_table())
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"hcomm: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if name == "settings":
+        return _settings_main(rest)
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
