@@ -49,12 +49,12 @@ def _extension():
         define_macros.append(("HCOMM_WITH_CUDA", "1"))
         sources = cpp + _sources("csrc/**/*.cu")
         return cpp_extension.CUDAExtension(
-            "hcomm._C", sources, include_dirs=[os.path.join(ROOT, "csrc")],
+            "hcomm._C", sources, include_dirs=[os.path.join(ROOT, "csrc"), ROOT],
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]},
         )
     return cpp_extension.CppExtension(
-        "hcomm._C", cpp, include_dirs=[os.path.join(ROOT, "csrc")],
+        "hcomm._C", cpp, include_dirs=[os.path.join(ROOT, "csrc"), ROOT],
         define_macros=define_macros, extra_compile_args={"cxx": cxx_flags},
         extra_link_args=["-lpthread"],
     )

@@ -1,0 +1,9 @@
+// Each part of hcomm._C binds itself in its own translation unit; this is
+// the list.  Only csrc/torch/ sources include torch headers.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace hcomm {
+void bind_kernels(pybind11::module_& m);  // python/bind_kernels.cpp
+}  // namespace hcomm

@@ -1,0 +1,7 @@
+// hcomm._C: thin bindings over the C++ core and the torch backend.
+#include "python/bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hcomm C++ core";
+  hcomm::bind_kernels(m);
+}
