@@ -5,5 +5,6 @@
 #include <pybind11/pybind11.h>
 
 namespace hcomm {
+void bind_core(pybind11::module_& m);     // python/bind_core.cpp
 void bind_kernels(pybind11::module_& m);  // python/bind_kernels.cpp
 }  // namespace hcomm
