@@ -80,6 +80,7 @@ void Executor::wait_loop() {
     std::exception_ptr error;
     try {
       item.pending->wait();
+      item.record.source_rank = item.pending->source();
     } catch (...) {
       error = std::current_exception();
     }

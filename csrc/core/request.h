@@ -31,6 +31,7 @@ struct OpRecord {
   double seconds = 0;            // measured on the worker, issue to completion
   double predicted_seconds = 0;  // the cost model's estimate for the chosen algorithm
   std::vector<TierRecord> tiers;
+  int source_rank = -1;  // recv from any source: who sent it
 };
 
 class Request {
