@@ -22,6 +22,10 @@ from hcomm.errors import HCommError, HCommValueError
 
 ReduceOp = dist.ReduceOp
 
+# torch 2.13 renamed the tensor forms (the old names warn); 2.11 has only the old ones.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def _backend(group=None, device: Optional[torch.device] = None):
     """The ProcessGroupHComm behind `group` (raises if the group is not hcomm)."""
@@ -108,14 +112,14 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, group=None, asyn
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
     """Concatenate every rank's ``input`` into ``output`` (world_size x input elements)."""
     _backend(group, input.device)
-    return _finish(dist.all_gather_into_tensor(output, input, group=group, async_op=True), async_op)
+    return _finish(_all_gather_tensor(output, input, group=group, async_op=True), async_op)
 
 
 @_translated
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce ``input`` (world_size x output elements) and keep this rank's block in ``output``."""
     _backend(group, input.device)
-    return _finish(dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=True), async_op)
+    return _finish(_reduce_scatter_tensor(output, input, op=op, group=group, async_op=True), async_op)
 
 
 @_translated
