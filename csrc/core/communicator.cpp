@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/algo/registry.h"
 #include "core/algo/ring.h"
 #include "core/error.h"
 #include "core/validate.h"
@@ -68,6 +69,28 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
     record.predicted_seconds = sel.predicted_seconds;
   }
   bool debug = config_.debug_checks && !p2p;
+  if (!p2p && !debug && !hooks.before && algorithm == &native_algorithm()) {
+    // Fast path: a lone native op goes straight to the library.
+    auto after = hooks.after;
+    Transport* flat = flat_.get();
+    record.tiers.push_back({"flat", args.payload_bytes(), 0});
+    auto request = executor_.try_direct(
+        [&](std::function<void(std::exception_ptr)> done) {
+          return flat->start(args, [after, done](std::exception_ptr error) {
+            if (!error && after) {
+              try {
+                after();
+              } catch (...) {
+                error = std::current_exception();
+              }
+            }
+            done(error);
+          });
+        },
+        record);
+    if (request) return request;
+    record.tiers.clear();
+  }
   auto task = [this, args, hooks = std::move(hooks), algorithm, debug](OpRecord& rec) -> std::unique_ptr<Pending> {
     if (debug) debug_check(args, rec.seq);
     if (hooks.before) hooks.before();
