@@ -1,0 +1,94 @@
+"""The text table, in nccl-tests' layout plus backend, ratio and algorithm columns.
+
+Columns up to ``busbw #wrong`` are nccl-tests' (so their parsers and eyes
+work); one row per (size, backend), the backends of one size next to each
+other.  ``ratio`` is this row's busbw over the first backend's at the same
+size.  Per-tier figures go on a ``#`` continuation line under the row, so
+the row format stays fixed and comment-skipping parsers ignore them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List
+
+_HEAD = ("#       size         count      type   redop    root   backend      time    algbw    busbw"
+         "  #wrong    ratio  algorithm")
+_UNITS = ("#        (B)    (elements)                                         (us)   (GB/s)   (GB/s)"
+          "          (vs {base})")
+
+
+def _time(us: float) -> str:
+    # nccl-tests' precision rule: fewer decimals as the number grows
+    if us >= 10000:
+        return f"{us:9.0f}"
+    if us >= 100:
+        return f"{us:9.1f}"
+    return f"{us:9.2f}"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024.0
+    return f"{n:.2f} GB"
+
+
+def header(base: str) -> List[str]:
+    return [_HEAD, _UNITS.format(base=base)]
+
+
+def row(r: Dict[str, Any]) -> str:
+    ratio = "-" if r.get("ratio") is None else f"{r['ratio']:7.2f}x"
+    return (f"{r['size_bytes']:12d}  {r['count']:12d}  {r['dtype']:>8}  {r['redop']:>6}  {r['root']:6d}"
+            f"  {r['backend']:>8}  {_time(r['time_us'])}  {r['algbw_gbps']:7.3f}  {r['busbw_gbps']:7.3f}"
+            f"  {r['wrong']:6d}  {ratio:>8}  {r.get('algorithm') or '-'}")
+
+
+def tier_line(r: Dict[str, Any]) -> str:
+    parts = []
+    for t in r.get("tiers") or []:
+        rate = "-" if t.get("gbps") is None else f"{t['gbps']:.3f} GB/s"
+        parts.append(f"{t['tier']} {human_bytes(t['bytes'])} in {t['seconds'] * 1e6:.1f} us = {rate}")
+    return "#        tiers: " + " | ".join(parts) if parts else ""
+
+
+def lines_for(r: Dict[str, Any]) -> List[str]:
+    out = [row(r)]
+    tiers = tier_line(r)
+    if tiers:
+        out.append(tiers)
+    return out
+
+
+def summary(records: List[Dict[str, Any]], backends: List[str]) -> List[str]:
+    lines = []
+    wrong = sum(r["wrong"] for r in records)
+    lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    for b in backends:
+        mine = [r for r in records if r["backend"] == b]
+        if not mine:
+            continue
+        avg = sum(r["busbw_gbps"] for r in mine) / len(mine)
+        peak = max(mine, key=lambda r: r["busbw_gbps"])
+        lines.append(f"# {b:>8}: avg busbw {avg:.3f} GB/s over {len(mine)} sizes, peak {peak['busbw_gbps']:.3f}"
+                     f" GB/s at {human_bytes(peak['size_bytes'])}")
+    base = backends[0]
+    for b in backends[1:]:
+        ratios = [r for r in records if r["backend"] == b and r.get("ratio")]
+        if not ratios:
+            continue
+        geo = math.exp(sum(math.log(r["ratio"]) for r in ratios) / len(ratios))
+        lo = min(ratios, key=lambda r: r["ratio"])
+        hi = max(ratios, key=lambda r: r["ratio"])
+        lines.append(f"# {b}/{base} busbw ratio: geomean {geo:.2f}x, min {lo['ratio']:.2f}x at "
+                     f"{human_bytes(lo['size_bytes'])}, max {hi['ratio']:.2f}x at {human_bytes(hi['size_bytes'])}")
+    return lines
+
+
+def render(records: List[Dict[str, Any]], backends: List[str], preamble: List[str] = ()) -> str:
+    out = list(preamble) + header(backends[0])
+    for r in records:
+        out.extend(lines_for(r))
+    out.extend(summary(records, backends))
+    return "\n".join(out)
