@@ -74,6 +74,14 @@ def parse_corrupt(text: str) -> Optional[Tuple[int, int]]:
     return rank, index
 
 
+def bandwidths(size_bytes: int, seconds: float, factor: float) -> Tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 B/s, as nccl-tests): algbw = size / time."""
+    if seconds <= 0:
+        return 0.0, 0.0
+    algbw = size_bytes / seconds / 1e9
+    return algbw, algbw * factor
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -176,8 +184,8 @@ class Sweep:
                 infos: List[Optional[Dict[str, Any]]]) -> Dict[str, Any]:
         cfg, op = self.cfg, self.op
         size = count * ctx.elsize
-        algbw = size / seconds / 1e9 if seconds > 0 else 0.0
         factor = op.busbw_factor(self.nranks)
+        algbw, busbw = bandwidths(size, seconds, factor)
         algorithm = op.label(ctx.backend) or algorithm_of(infos)
         rank0 = infos[0] or {}
         requested = cfg.algo if ctx.backend == "hcomm" else None
@@ -196,7 +204,7 @@ class Sweep:
             "root": cfg.root if op.has_root else -1,
             "iters": cfg.iters, "warmup": cfg.warmup, "device": self.device.type,
             "time_us": seconds * 1e6, "algbw_gbps": algbw, "busbw_factor": factor,
-            "busbw_gbps": algbw * factor, "wrong": wrong, "ratio": None,
+            "busbw_gbps": busbw, "wrong": wrong, "ratio": None,
             "algorithm": algorithm, "chunk_bytes": rank0.get("chunk_bytes"),
             "algo_requested": requested, "algo_matched": matched,
             "tiers": merge_tiers(infos),

@@ -11,10 +11,15 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List
 
-_HEAD = ("#       size         count      type   redop    root   backend      time    algbw    busbw"
-         "  #wrong    ratio  algorithm")
-_UNITS = ("#        (B)    (elements)                                         (us)   (GB/s)   (GB/s)"
-          "          (vs {base})")
+# (label, unit, width) of every fixed column; rows use the same widths
+_COLUMNS = [("size", "(B)", 12), ("count", "(elements)", 12), ("type", "", 8), ("redop", "", 6),
+            ("root", "", 6), ("backend", "", 8), ("time", "(us)", 9), ("algbw", "(GB/s)", 7),
+            ("busbw", "(GB/s)", 7), ("#wrong", "", 6), ("ratio", "(vs 1st)", 8)]
+
+
+def _header_line(cells) -> str:
+    text = "  ".join(f"{c:>{w}}" for c, (_, _, w) in zip(cells, _COLUMNS))
+    return "#" + text[1:]  # the leading '#' takes the place of a padding blank
 
 
 def _time(us: float) -> str:
@@ -35,7 +40,9 @@ def human_bytes(n: float) -> str:
 
 
 def header(base: str) -> List[str]:
-    return [_HEAD, _UNITS.format(base=base)]
+    labels = [label for label, _, _ in _COLUMNS]
+    units = [unit.format(base=base) for _, unit, _ in _COLUMNS]
+    return [_header_line(labels) + "  algorithm", _header_line(units)]
 
 
 def row(r: Dict[str, Any]) -> str:
