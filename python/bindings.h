@@ -4,6 +4,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include "core/request.h"
+
 namespace hcomm {
+void bind_core(pybind11::module_& m);     // python/bind_core.cpp
 void bind_kernels(pybind11::module_& m);  // python/bind_kernels.cpp
+void bind_torch(pybind11::module_& m);    // csrc/torch/bind_backend.cpp
+pybind11::dict record_to_dict(const OpRecord& record);
 }  // namespace hcomm

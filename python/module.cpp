@@ -3,5 +3,7 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hcomm C++ core";
+  hcomm::bind_core(m);
   hcomm::bind_kernels(m);
+  hcomm::bind_torch(m);
 }

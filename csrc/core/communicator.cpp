@@ -1,0 +1,265 @@
+#include "core/communicator.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/algo/ring.h"
+#include "core/error.h"
+#include "core/validate.h"
+
+namespace hcomm {
+
+Communicator::Communicator(std::shared_ptr<Transport> flat, CommConfig config)
+    : flat_(std::move(flat)), config_(std::move(config)), rank_(flat_->rank()), size_(flat_->size()),
+      library_(flat_->library()) {
+  // Recorded before the request completes, so history() after wait() sees it.
+  executor_.set_recorder([this](const OpRecord& record) { remember(record); });
+}
+
+Communicator::~Communicator() { shutdown(); }
+
+void Communicator::shutdown() { executor_.shutdown(); }
+
+Selection Communicator::plan(const CollectiveArgs& args) const {
+  AlgoContext ctx;
+  ctx.flat = flat_.get();
+  std::string forced;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx.flat_link = config_.flat_link;
+    forced = config_.forced_algorithm;
+  }
+  return select_algorithm(args, ctx, forced);
+}
+
+double Communicator::predict(const CollectiveArgs& args, const std::string& algorithm) const {
+  const Algorithm* a = find_algorithm(algorithm);
+  AlgoContext ctx;
+  ctx.flat = flat_.get();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx.flat_link = config_.flat_link;
+  }
+  if (a == nullptr || !a->supports(args, ctx, nullptr)) return std::numeric_limits<double>::quiet_NaN();
+  return a->cost(args, ctx);
+}
+
+std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks) {
+  validate_args(args, rank_, size_);
+  OpRecord record;
+  record.kind = args.kind;
+  record.dtype = args.input.dtype;
+  record.count = args.input.count;
+  record.bytes = args.payload_bytes();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record.seq = next_seq_++;
+  }
+  const bool p2p = args.kind == OpKind::kSend || args.kind == OpKind::kRecv;
+  const Algorithm* algorithm = nullptr;
+  if (p2p) {
+    record.algorithm = "p2p";
+  } else {
+    // Selected here, on the caller's thread, so "nothing supports this" is
+    // raised to the caller before any rank starts communicating.
+    Selection sel = plan(args);
+    algorithm = sel.algorithm;
+    record.algorithm = algorithm->name();
+    record.predicted_seconds = sel.predicted_seconds;
+  }
+  bool debug = config_.debug_checks && !p2p;
+  auto task = [this, args, hooks = std::move(hooks), algorithm, debug](OpRecord& rec) -> std::unique_ptr<Pending> {
+    if (debug) debug_check(args, rec.seq);
+    if (hooks.before) hooks.before();
+    std::unique_ptr<Pending> pending;
+    if (args.kind == OpKind::kSend) {
+      pending = flat_->isend(args.input, args.peer, args.tag);
+      rec.tiers.push_back({"flat", args.input.bytes(), 0});
+    } else if (args.kind == OpKind::kRecv) {
+      pending = flat_->irecv(args.output, args.peer, args.tag);
+    } else {
+      AlgoContext ctx;
+      ctx.flat = flat_.get();
+      ctx.scratch = &scratch_;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ctx.flat_link = config_.flat_link;
+      }
+      algorithm->run(args, ctx, rec);
+    }
+    if (pending && hooks.after) {
+      // Run the after-hook once the message is done, off the worker.
+      struct Chained : Pending {
+        std::unique_ptr<Pending> inner;
+        std::function<void()> after;
+        void wait() override {
+          inner->wait();
+          after();
+        }
+        int source() const override { return inner->source(); }
+      };
+      auto chained = std::make_unique<Chained>();
+      chained->inner = std::move(pending);
+      chained->after = hooks.after;
+      pending = std::move(chained);
+    } else if (hooks.after) {
+      hooks.after();
+    }
+    return pending;
+  };
+  return executor_.submit(std::move(task), record);
+}
+
+void Communicator::remember(const OpRecord& record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  history_.push_back(record);
+  while (history_.size() > config_.history_limit) history_.pop_front();
+}
+
+std::vector<OpRecord> Communicator::history() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::vector<OpRecord>(history_.begin(), history_.end());
+}
+
+void Communicator::clear_history() {
+  std::lock_guard<std::mutex> lock(mu_);
+  history_.clear();
+}
+
+void Communicator::set_forced_algorithm(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  config_.forced_algorithm = name;
+}
+
+std::string Communicator::forced_algorithm() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return config_.forced_algorithm;
+}
+
+void Communicator::set_link_model(const LinkModel& link) {
+  std::lock_guard<std::mutex> lock(mu_);
+  config_.flat_link = link;
+}
+
+// HCOMM_DEBUG: every rank all-gathers a small signature of the op it is about
+// to run; a rank whose call differs is named before the mismatched collective
+// can hang or corrupt data.
+void Communicator::debug_check(const CollectiveArgs& a, uint64_t seq) {
+  auto counts_hash = [](const std::vector<int64_t>& c) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : c) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<int64_t>(h);
+  };
+  int64_t count = a.input.count, shape = 0;
+  switch (a.kind) {
+    case OpKind::kAllGatherV: count = a.output.count; shape = counts_hash(a.output_counts); break;
+    case OpKind::kReduceScatterV: count = a.input.count; shape = counts_hash(a.input_counts); break;
+    case OpKind::kReduceScatter: count = a.output.count; break;
+    case OpKind::kAllToAllV: count = 0; break;
+    case OpKind::kScatter: count = a.output.count; break;
+    case OpKind::kBarrier: count = 0; break;
+    default: break;
+  }
+  const int64_t mine[6] = {static_cast<int64_t>(seq), static_cast<int64_t>(a.kind), static_cast<int64_t>(a.input.dtype),
+                           count, a.is_reduction() ? static_cast<int64_t>(a.reduce) * 1000 + a.root : a.root, shape};
+  std::vector<int64_t> all(6 * static_cast<size_t>(size_));
+  for (int i = 0; i < 6; ++i) all[rank_ * 6 + i] = mine[i];
+  Buffer out{all.data(), static_cast<int64_t>(all.size()), DType::kInt64};
+  ring_all_gather_inplace(*flat_, out, std::vector<int64_t>(size_, 6));
+  static const char* fields[] = {"sequence number", "op", "dtype", "element count", "reduce op/root", "split sizes"};
+  for (int r = 0; r < size_; ++r) {
+    for (int i = 0; i < 6; ++i) {
+      if (all[r * 6 + i] == mine[i]) continue;
+      std::string theirs = std::to_string(all[r * 6 + i]), ours = std::to_string(mine[i]);
+      if (i == 1) theirs = op_name(static_cast<OpKind>(all[r * 6 + i])), ours = op_name(a.kind);
+      if (i == 2) theirs = dtype_name(static_cast<DType>(all[r * 6 + i])), ours = dtype_name(a.input.dtype);
+      throw Error(ErrorKind::kRuntime, "hcomm (HCOMM_DEBUG): collective mismatch: rank " + std::to_string(rank_) +
+                                           " runs " + a.describe() + " but rank " + std::to_string(r) +
+                                           " disagrees on " + fields[i] + " (" + theirs + " vs " + ours + ")");
+    }
+  }
+}
+
+namespace {
+CollectiveArgs make(OpKind kind, Buffer in, Buffer out) {
+  CollectiveArgs a;
+  a.kind = kind;
+  a.input = in;
+  a.output = out;
+  return a;
+}
+}  // namespace
+
+std::shared_ptr<Request> Communicator::all_reduce(Buffer buf, ReduceOp op, OpHooks h) {
+  auto a = make(OpKind::kAllReduce, buf, buf);
+  a.reduce = op;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::reduce(Buffer buf, ReduceOp op, int root, OpHooks h) {
+  auto a = make(OpKind::kReduce, buf, buf);
+  a.reduce = op;
+  a.root = root;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::broadcast(Buffer buf, int root, OpHooks h) {
+  auto a = make(OpKind::kBroadcast, buf, buf);
+  a.root = root;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::all_gather(Buffer in, Buffer out, OpHooks h) {
+  return submit(make(OpKind::kAllGather, in, out), std::move(h));
+}
+std::shared_ptr<Request> Communicator::all_gather_v(Buffer in, Buffer out, std::vector<int64_t> counts, OpHooks h) {
+  auto a = make(OpKind::kAllGatherV, in, out);
+  a.output_counts = std::move(counts);
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::reduce_scatter(Buffer in, Buffer out, ReduceOp op, OpHooks h) {
+  auto a = make(OpKind::kReduceScatter, in, out);
+  a.reduce = op;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::reduce_scatter_v(Buffer in, Buffer out, std::vector<int64_t> counts,
+                                                        ReduceOp op, OpHooks h) {
+  auto a = make(OpKind::kReduceScatterV, in, out);
+  a.input_counts = std::move(counts);
+  a.reduce = op;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::all_to_all(Buffer in, Buffer out, OpHooks h) {
+  return submit(make(OpKind::kAllToAll, in, out), std::move(h));
+}
+std::shared_ptr<Request> Communicator::all_to_all_v(Buffer in, Buffer out, std::vector<int64_t> send_counts,
+                                                    std::vector<int64_t> recv_counts, OpHooks h) {
+  auto a = make(OpKind::kAllToAllV, in, out);
+  a.input_counts = std::move(send_counts);
+  a.output_counts = std::move(recv_counts);
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::gather(Buffer in, Buffer out, int root, OpHooks h) {
+  auto a = make(OpKind::kGather, in, out);
+  a.root = root;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::scatter(Buffer in, Buffer out, int root, OpHooks h) {
+  auto a = make(OpKind::kScatter, in, out);
+  a.root = root;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::send(Buffer buf, int peer, int tag, OpHooks h) {
+  auto a = make(OpKind::kSend, buf, buf);
+  a.peer = peer;
+  a.tag = tag;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::recv(Buffer buf, int peer, int tag, OpHooks h) {
+  auto a = make(OpKind::kRecv, buf, buf);
+  a.peer = peer;
+  a.tag = tag;
+  return submit(std::move(a), std::move(h));
+}
+std::shared_ptr<Request> Communicator::barrier(OpHooks h) {
+  return submit(make(OpKind::kBarrier, Buffer{}, Buffer{}), std::move(h));
+}
+
+}  // namespace hcomm

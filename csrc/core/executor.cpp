@@ -1,0 +1,112 @@
+#include "core/executor.h"
+
+#include "core/error.h"
+
+namespace hcomm {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+Executor::Executor() : worker_(&Executor::work_loop, this), waiter_(&Executor::wait_loop, this) {}
+
+Executor::~Executor() { shutdown(); }
+
+std::shared_ptr<Request> Executor::submit(Task task, OpRecord record) {
+  auto request = std::make_shared<Request>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) throw Error(ErrorKind::kRuntime, "hcomm: communicator was shut down; cannot run " +
+                                                    std::string(op_name(record.kind)));
+    queue_.push_back(Item{std::move(task), record, request, std::chrono::steady_clock::now(), nullptr});
+    ++in_flight_;
+  }
+  work_cv_.notify_one();
+  return request;
+}
+
+bool Executor::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_ == 0;
+}
+
+void Executor::work_loop() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) {
+        worker_done_ = true;
+        wait_cv_.notify_all();
+        return;
+      }
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      item.pending = item.task(item.record);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    item.task = nullptr;  // drop captured buffers as soon as possible
+    if (item.pending && !error) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        posted_.push_back(std::move(item));
+      }
+      wait_cv_.notify_one();
+      continue;
+    }
+    finish(item, error);
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+  }
+}
+
+void Executor::wait_loop() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wait_cv_.wait(lock, [&] { return worker_done_ || !posted_.empty(); });
+      if (posted_.empty()) return;
+      item = std::move(posted_.front());
+      posted_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      item.pending->wait();
+      item.record.source_rank = item.pending->source();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    item.pending.reset();
+    finish(item, error);
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+  }
+}
+
+void Executor::finish(Item& item, std::exception_ptr error) {
+  item.record.seconds = seconds_since(item.start);
+  if (recorder_) recorder_(item.record);
+  item.request->complete(error, item.record);
+}
+
+void Executor::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !worker_.joinable() && !waiter_.joinable()) return;
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+  wait_cv_.notify_all();
+  if (waiter_.joinable() && waiter_.get_id() != std::this_thread::get_id()) waiter_.join();
+}
+
+}  // namespace hcomm

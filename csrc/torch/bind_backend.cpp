@@ -1,0 +1,108 @@
+// Python bindings of ProcessGroupHComm (needs torch's pybind type casters,
+// hence it lives in csrc/torch/).
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "python/bindings.h"
+#include "torch/process_group.h"
+#include "torch/tensor_util.h"
+
+namespace py = pybind11;
+
+namespace hcomm {
+
+namespace {
+CollectiveArgs plan_args(ProcessGroupHComm& pg, const std::string& op, int dtype, int64_t count, int reduce) {
+  CollectiveArgs a;
+  bool found = false;
+  for (int i = 0; i < static_cast<int>(OpKind::kCount); ++i)
+    if (op == op_name(static_cast<OpKind>(i))) a.kind = static_cast<OpKind>(i), found = true;
+  if (!found) throw Error(ErrorKind::kInvalidArgument, "hcomm: unknown op '" + op + "'");
+  const int n = pg.getSize();
+  a.input.dtype = a.output.dtype = static_cast<DType>(dtype);
+  a.reduce = static_cast<ReduceOp>(reduce);
+  a.input.count = a.output.count = count;  // `count` is the per-rank payload in elements
+  switch (a.kind) {
+    case OpKind::kAllGather:
+    case OpKind::kAllGatherV:
+    case OpKind::kGather: a.output.count = count * n; break;
+    case OpKind::kReduceScatter:
+    case OpKind::kReduceScatterV:
+    case OpKind::kScatter: a.input.count = count * n; break;
+    default: break;
+  }
+  if (a.kind == OpKind::kAllGatherV) a.output_counts.assign(n, count);
+  if (a.kind == OpKind::kReduceScatterV) a.input_counts.assign(n, count);
+  if (a.kind == OpKind::kAllToAllV) a.input_counts = a.output_counts = even_counts(count, n);
+  return a;
+}
+}  // namespace
+
+void bind_torch(py::module_& m) {
+  py::module_::import("torch.distributed");
+  py::class_<ProcessGroupHComm, c10d::Backend, c10::intrusive_ptr<ProcessGroupHComm>>(m, "ProcessGroupHComm")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Backend> host,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> device, std::string algorithm, bool debug,
+                       double alpha, double beta) {
+             CommConfig cfg;
+             cfg.forced_algorithm = algorithm;
+             cfg.debug_checks = debug;
+             cfg.flat_link.alpha = alpha;
+             cfg.flat_link.beta = beta;
+             return c10::make_intrusive<ProcessGroupHComm>(store, rank, size, timeout, host,
+                                                           device ? *device : c10::intrusive_ptr<c10d::Backend>(), cfg);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("host_backend"),
+           py::arg("device_backend") = py::none(), py::arg("algorithm") = "", py::arg("debug") = false,
+           py::arg("alpha") = 50e-6, py::arg("beta") = 1e9, py::call_guard<py::gil_scoped_release>())
+      .def("all_gather_v", &ProcessGroupHComm::all_gather_v, py::arg("output"), py::arg("input"), py::arg("counts"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "reduce_scatter_v",
+          [](ProcessGroupHComm& pg, at::Tensor& out, at::Tensor& in, std::vector<int64_t> counts,
+             const c10d::ReduceOp& op) { return pg.reduce_scatter_v(out, in, std::move(counts), op); },
+          py::arg("output"), py::arg("input"), py::arg("counts"), py::arg("op"),
+          py::call_guard<py::gil_scoped_release>())
+      .def("history", [](ProcessGroupHComm& pg) {
+        py::list out;
+        for (const auto& r : pg.communicator().history()) out.append(record_to_dict(r));
+        return out;
+      }, "Records of the most recent ops (oldest first): algorithm, chunk size, time, bytes per tier.")
+      .def("clear_history", [](ProcessGroupHComm& pg) { pg.communicator().clear_history(); })
+      .def("set_algorithm", [](ProcessGroupHComm& pg, const std::string& name) {
+        if (!name.empty() && find_algorithm(name) == nullptr)
+          throw Error(ErrorKind::kInvalidArgument, "hcomm: unknown algorithm '" + name + "'");
+        pg.communicator().set_forced_algorithm(name);
+      })
+      .def("algorithm", [](ProcessGroupHComm& pg) { return pg.communicator().forced_algorithm(); })
+      .def("set_link_model", [](ProcessGroupHComm& pg, double alpha, double beta) {
+        LinkModel l;
+        l.alpha = alpha;
+        l.beta = beta;
+        pg.communicator().set_link_model(l);
+      })
+      .def("plan", [](ProcessGroupHComm& pg, const std::string& op, int dtype, int64_t count, int reduce) {
+        Selection s = pg.communicator().plan(plan_args(pg, op, dtype, count, reduce));
+        return py::make_tuple(s.algorithm->name(), s.predicted_seconds, s.note);
+      }, py::arg("op"), py::arg("dtype"), py::arg("count"), py::arg("reduce") = 0)
+      .def("predict", [](ProcessGroupHComm& pg, const std::string& op, int dtype, int64_t count, int reduce,
+                         const std::string& algorithm) {
+        return pg.communicator().predict(plan_args(pg, op, dtype, count, reduce), algorithm);
+      }, py::arg("op"), py::arg("dtype"), py::arg("count"), py::arg("reduce"), py::arg("algorithm"))
+      .def_property_readonly("library", [](ProcessGroupHComm& pg) { return pg.communicator().library(); })
+      .def_property_readonly("host_backend", &ProcessGroupHComm::host_backend);
+  m.attr("has_cuda") =
+#ifdef HCOMM_WITH_CUDA
+      true;
+#else
+      false;
+#endif
+}
+
+}  // namespace hcomm

@@ -1,0 +1,198 @@
+#include "torch/c10d_transport.h"
+
+#include "core/error.h"
+#include "torch/tensor_util.h"
+
+namespace hcomm {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return c10d::ReduceOp(c10d::ReduceOp::SUM);
+    case ReduceOp::kAvg: return c10d::ReduceOp(c10d::ReduceOp::AVG);
+    case ReduceOp::kProduct: return c10d::ReduceOp(c10d::ReduceOp::PRODUCT);
+    case ReduceOp::kMin: return c10d::ReduceOp(c10d::ReduceOp::MIN);
+    case ReduceOp::kMax: return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case ReduceOp::kBand: return c10d::ReduceOp(c10d::ReduceOp::BAND);
+    case ReduceOp::kBor: return c10d::ReduceOp(c10d::ReduceOp::BOR);
+    case ReduceOp::kBxor: return c10d::ReduceOp(c10d::ReduceOp::BXOR);
+    default: return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  }
+}
+
+// Runs `fn` and turns a library failure into an hcomm Error that names the
+// library, the op and this rank (gloo's own text says which peer and why).
+template <typename F>
+void guarded(const std::string& library, int rank, const char* what, F fn) {
+  try {
+    fn();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    const bool timeout = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
+    throw Error(timeout ? ErrorKind::kTimeout : ErrorKind::kRuntime,
+                "hcomm: " + library + " " + what + " failed on rank " + std::to_string(rank) + ": " + msg);
+  }
+}
+
+class WorkPending final : public Pending {
+ public:
+  WorkPending(c10::intrusive_ptr<c10d::Work> work, std::string library, int rank, const char* what)
+      : work_(std::move(work)), library_(std::move(library)), rank_(rank), what_(what) {}
+  void wait() override {
+    guarded(library_, rank_, what_, [&] { work_->wait(); });
+    source_ = what_[0] == 'r' ? work_->sourceRank() : -1;
+  }
+  int source() const override { return source_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string library_;
+  int rank_;
+  const char* what_;
+  int source_ = -1;
+};
+
+}  // namespace
+
+C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
+    : backend_(std::move(backend)), timeout_(timeout), rank_(backend_->getRank()), size_(backend_->getSize()),
+      library_(backend_->getBackendName()) {}
+
+// What torch's gloo reduces itself (probed on torch 2.13): every dtype but
+// int16, uint16 and fp8; bitwise ops only on integers; avg only on floats.
+bool C10dTransport::reduces_natively(DType dtype, ReduceOp op) const {
+  if (!reduce_supported(dtype, op)) return false;
+  if (dtype == DType::kInt16 || dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2) return false;
+  if (op == ReduceOp::kAvg && !is_floating(dtype)) return false;
+  if (library_ == "nccl" && (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor)) return false;
+  if (dtype == DType::kBool && library_ != "gloo") return false;
+  return true;
+}
+
+bool C10dTransport::supports(const CollectiveArgs& a) const {
+  switch (a.kind) {
+    case OpKind::kAllReduce:
+    case OpKind::kReduce:
+    case OpKind::kReduceScatter: return reduces_natively(a.input.dtype, a.reduce);
+    case OpKind::kBroadcast:
+    case OpKind::kAllGather:
+    case OpKind::kAllToAll:
+    case OpKind::kAllToAllV:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kBarrier: return true;
+    default: return false;  // the _v gathers/scatters run as hcomm rings
+  }
+}
+
+void C10dTransport::run(const CollectiveArgs& a) {
+  const int64_t n = size_;
+  guarded(library_, rank_, op_name(a.kind), [&] {
+    c10::intrusive_ptr<c10d::Work> work;
+    switch (a.kind) {
+      case OpKind::kAllReduce: {
+        std::vector<at::Tensor> ts{from_buffer(a.input)};
+        c10d::AllreduceOptions o;
+        o.reduceOp = to_c10d(a.reduce);
+        o.timeout = timeout_;
+        work = backend_->allreduce(ts, o);
+        break;
+      }
+      case OpKind::kReduce: {
+        std::vector<at::Tensor> ts{from_buffer(a.input)};
+        c10d::ReduceOptions o;
+        o.reduceOp = to_c10d(a.reduce);
+        o.rootRank = a.root;
+        o.timeout = timeout_;
+        work = backend_->reduce(ts, o);
+        break;
+      }
+      case OpKind::kReduceScatter: {
+        at::Tensor out = from_buffer(a.output), in = from_buffer(a.input);
+        c10d::ReduceScatterOptions o;
+        o.reduceOp = to_c10d(a.reduce);
+        o.timeout = timeout_;
+        work = backend_->_reduce_scatter_base(out, in, o);
+        break;
+      }
+      case OpKind::kBroadcast: {
+        std::vector<at::Tensor> ts{bytes_view(a.input)};
+        c10d::BroadcastOptions o;
+        o.rootRank = a.root;
+        o.timeout = timeout_;
+        work = backend_->broadcast(ts, o);
+        break;
+      }
+      case OpKind::kAllGather: {
+        at::Tensor out = bytes_view(a.output), in = bytes_view(a.input);
+        c10d::AllgatherOptions o;
+        o.timeout = timeout_;
+        work = backend_->_allgather_base(out, in, o);
+        break;
+      }
+      case OpKind::kAllToAll:
+      case OpKind::kAllToAllV: {
+        at::Tensor out = bytes_view(a.output), in = bytes_view(a.input);
+        std::vector<int64_t> send = a.input_counts, recv = a.output_counts;
+        c10d::AllToAllOptions o;
+        o.timeout = timeout_;
+        work = backend_->alltoall_base(out, in, recv, send, o);
+        break;
+      }
+      case OpKind::kGather: {
+        std::vector<at::Tensor> in{bytes_view(a.input)};
+        std::vector<std::vector<at::Tensor>> out(1);
+        if (rank_ == a.root)
+          for (int64_t i = 0; i < n; ++i) out[0].push_back(bytes_view(a.output.slice(i * a.input.count, a.input.count)));
+        else
+          out.clear();
+        c10d::GatherOptions o;
+        o.rootRank = a.root;
+        o.timeout = timeout_;
+        work = backend_->gather(out, in, o);
+        break;
+      }
+      case OpKind::kScatter: {
+        std::vector<at::Tensor> out{bytes_view(a.output)};
+        std::vector<std::vector<at::Tensor>> in(1);
+        if (rank_ == a.root)
+          for (int64_t i = 0; i < n; ++i) in[0].push_back(bytes_view(a.input.slice(i * a.output.count, a.output.count)));
+        else
+          in.clear();
+        c10d::ScatterOptions o;
+        o.rootRank = a.root;
+        o.timeout = timeout_;
+        work = backend_->scatter(out, in, o);
+        break;
+      }
+      case OpKind::kBarrier: {
+        c10d::BarrierOptions o;
+        o.timeout = timeout_;
+        work = backend_->barrier(o);
+        break;
+      }
+      default: throw Error(ErrorKind::kInvalidArgument, library_ + " has no native " + a.describe());
+    }
+    work->wait(timeout_);
+  });
+}
+
+std::unique_ptr<Pending> C10dTransport::isend(const Buffer& buf, int peer, int tag) {
+  std::vector<at::Tensor> ts{bytes_view(buf)};
+  c10::intrusive_ptr<c10d::Work> work;
+  guarded(library_, rank_, "send", [&] { work = backend_->send(ts, peer, tag); });
+  return std::make_unique<WorkPending>(std::move(work), library_, rank_, "send");
+}
+
+std::unique_ptr<Pending> C10dTransport::irecv(const Buffer& buf, int peer, int tag) {
+  std::vector<at::Tensor> ts{bytes_view(buf)};
+  c10::intrusive_ptr<c10d::Work> work;
+  guarded(library_, rank_, "recv", [&] {
+    work = peer < 0 ? backend_->recvAnysource(ts, tag) : backend_->recv(ts, peer, tag);
+  });
+  return std::make_unique<WorkPending>(std::move(work), library_, rank_, "recv");
+}
+
+}  // namespace hcomm

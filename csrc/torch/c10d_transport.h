@@ -1,0 +1,35 @@
+// The vendor adapter over any torch c10d::Backend: gloo now, torch's NCCL on
+// CUDA builds, torch_npu's HCCL where installed.  The backend is created in
+// Python (the wheel ships no gloo headers) over its own PrefixStore and handed
+// here; this class only translates core calls into c10d calls and waits.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "core/transport.h"
+
+namespace hcomm {
+
+class C10dTransport final : public Transport {
+ public:
+  C10dTransport(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string library() const override { return library_; }
+  bool supports(const CollectiveArgs& args) const override;
+  void run(const CollectiveArgs& args) override;
+  std::unique_ptr<Pending> isend(const Buffer& buf, int peer, int tag) override;
+  std::unique_ptr<Pending> irecv(const Buffer& buf, int peer, int tag) override;
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
+
+ private:
+  bool reduces_natively(DType dtype, ReduceOp op) const;
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::chrono::milliseconds timeout_;
+  int rank_, size_;
+  std::string library_;
+};
+
+}  // namespace hcomm

@@ -1,0 +1,238 @@
+// ProcessGroupHComm: plumbing, reductions, broadcast, point-to-point, barrier.
+// The gather/scatter family is in process_group_gather.cpp.
+#include "torch/process_group.h"
+
+#include <c10/util/Exception.h>
+
+#include "core/error.h"
+#include "torch/c10d_transport.h"
+#include "torch/tensor_util.h"
+
+namespace hcomm {
+
+void check_single(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "hcomm: ", op, " takes exactly one tensor per call, got ", tensors.size());
+}
+
+void check_dense(const at::Tensor& t, const char* op, const char* what) {
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "hcomm: ", op, ": ", what, " must be a dense tensor, got layout ",
+                    t.layout());
+  to_hcomm_dtype(t.scalar_type());  // raises naming the dtype
+}
+
+void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
+  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type(), "hcomm: ", op, ": input dtype ", a.scalar_type(),
+                    " differs from output dtype ", b.scalar_type());
+}
+
+ProcessGroupHComm::ProcessGroupHComm(const c10::intrusive_ptr<c10d::Store>&, int rank, int size,
+                                     std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Backend> host_backend,
+                                     c10::intrusive_ptr<c10d::Backend> device_backend, CommConfig config)
+    : c10d::Backend(rank, size),
+      host_backend_(std::move(host_backend)),
+      device_backend_(std::move(device_backend)),
+      timeout_(timeout) {
+  TORCH_CHECK_VALUE(host_backend_, "hcomm: a host backend (gloo) is required");
+  TORCH_CHECK_VALUE(host_backend_->getRank() == rank && host_backend_->getSize() == size,
+                    "hcomm: host backend is rank ", host_backend_->getRank(), " of ", host_backend_->getSize(),
+                    ", expected rank ", rank, " of ", size);
+  comm_ = std::make_unique<Communicator>(std::make_shared<C10dTransport>(host_backend_, timeout), std::move(config));
+}
+
+ProcessGroupHComm::~ProcessGroupHComm() {
+  if (comm_) comm_->shutdown();
+}
+
+bool ProcessGroupHComm::on_device(const at::Tensor& t) const {
+  if (t.device().is_cpu()) return false;
+  TORCH_CHECK_VALUE(device_backend_, "hcomm: tensor on ", t.device(),
+                    " but this group has no device backend (hcomm was built or initialised without one)");
+  return true;
+}
+
+bool ProcessGroupHComm::on_device(const std::vector<at::Tensor>& tensors) const {
+  return !tensors.empty() && on_device(tensors.front());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::run(CollectiveArgs args, c10d::OpType type,
+                                                      std::vector<at::Tensor> keep, std::function<void()> after,
+                                                      std::vector<at::Tensor> outputs, const char* title) {
+  OpHooks hooks;
+  // The hook owns the tensors: they live until the op is done with them.
+  hooks.after = [keep = std::move(keep), after = std::move(after)]() {
+    if (after) after();
+  };
+  std::shared_ptr<Request> req;
+  try {
+    req = comm_->submit(std::move(args), std::move(hooks));
+  } catch (...) {
+    rethrow_for_torch(std::current_exception());
+  }
+  if (coalescing_) coalesced_.push_back(req);
+  return c10::make_intrusive<HCommWork>(std::vector<std::shared_ptr<Request>>{req}, type, std::move(outputs), timeout_,
+                                        getRank(), title);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::join(std::vector<c10::intrusive_ptr<c10d::Work>> works,
+                                                       c10d::OpType type, std::vector<at::Tensor> outputs) {
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (auto& w : works) {
+    auto* hw = dynamic_cast<HCommWork*>(w.get());
+    for (auto& r : hw->requests()) reqs.push_back(r);
+  }
+  return c10::make_intrusive<HCommWork>(std::move(reqs), type, std::move(outputs), timeout_, getRank(), "hcomm:coalesced");
+}
+
+void ProcessGroupHComm::startCoalescing() {
+  TORCH_CHECK_VALUE(!coalescing_, "hcomm: startCoalescing called twice without endCoalescing");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::endCoalescing() {
+  TORCH_CHECK_VALUE(coalescing_, "hcomm: endCoalescing without startCoalescing");
+  coalescing_ = false;
+  auto reqs = std::move(coalesced_);
+  coalesced_.clear();
+  return c10::make_intrusive<HCommWork>(std::move(reqs), c10d::OpType::COALESCED, std::vector<at::Tensor>{}, timeout_,
+                                        getRank(), "hcomm:coalesced");
+}
+
+// In-place ops on a tensor that may be strided: run on a contiguous copy and
+// copy the result back on the worker when the op is done.
+namespace {
+struct InPlace {
+  at::Tensor user, work;
+  explicit InPlace(const at::Tensor& t) : user(t), work(t.contiguous()) {}
+  bool copied() const { return !work.is_same(user); }
+  std::function<void()> copy_back() const {
+    if (!copied()) return nullptr;
+    at::Tensor u = user, w = work;
+    return [u, w]() mutable { u.copy_(w); };
+  }
+};
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  if (on_device(tensors)) return device_backend_->broadcast(tensors, opts);
+  check_single(tensors, "broadcast");
+  check_dense(tensors[0], "broadcast", "tensor");
+  InPlace t(tensors[0]);
+  CollectiveArgs a;
+  a.kind = OpKind::kBroadcast;
+  a.input = a.output = to_buffer(t.work);
+  a.root = static_cast<int>(opts.rootRank);
+  return run(std::move(a), c10d::OpType::BROADCAST, {t.work, t.user}, t.copy_back(), tensors, "hcomm:broadcast");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  if (on_device(tensors)) return device_backend_->allreduce(tensors, opts);
+  check_single(tensors, "allreduce");
+  check_dense(tensors[0], "allreduce", "tensor");
+  InPlace t(tensors[0]);
+  CollectiveArgs a;
+  a.kind = OpKind::kAllReduce;
+  a.input = a.output = to_buffer(t.work);
+  a.reduce = to_hcomm_op(opts.reduceOp, t.work.scalar_type());
+  return run(std::move(a), c10d::OpType::ALLREDUCE, {t.work, t.user}, t.copy_back(), tensors, "hcomm:all_reduce");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  if (on_device(tensors)) return device_backend_->allreduce_coalesced(tensors, opts);
+  TORCH_CHECK_VALUE(!tensors.empty(), "hcomm: allreduce_coalesced needs at least one tensor");
+  bool uniform = true;
+  for (auto& t : tensors) {
+    check_dense(t, "allreduce_coalesced", "tensor");
+    uniform = uniform && t.scalar_type() == tensors[0].scalar_type();
+  }
+  if (!uniform) {  // one op per tensor, joined into one Work
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      c10d::AllreduceOptions o;
+      o.reduceOp = opts.reduceOp;
+      works.push_back(allreduce(one, o));
+    }
+    return join(std::move(works), c10d::OpType::ALLREDUCE_COALESCED, tensors);
+  }
+  // One flat buffer: one collective instead of many small ones.
+  std::vector<at::Tensor> flat_parts;
+  for (auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+  at::Tensor flat = at::cat(flat_parts);
+  CollectiveArgs a;
+  a.kind = OpKind::kAllReduce;
+  a.input = a.output = to_buffer(flat);
+  a.reduce = to_hcomm_op(opts.reduceOp, flat.scalar_type());
+  std::vector<at::Tensor> users = tensors;
+  auto after = [flat, users]() mutable {
+    int64_t off = 0;
+    for (auto& u : users) {
+      u.copy_(flat.narrow(0, off, u.numel()).view(u.sizes()));
+      off += u.numel();
+    }
+  };
+  std::vector<at::Tensor> keep = tensors;
+  keep.push_back(flat);
+  return run(std::move(a), c10d::OpType::ALLREDUCE_COALESCED, keep, after, tensors, "hcomm:all_reduce_coalesced");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  if (on_device(tensors)) return device_backend_->reduce(tensors, opts);
+  check_single(tensors, "reduce");
+  check_dense(tensors[0], "reduce", "tensor");
+  const int root = static_cast<int>(opts.rootRank);
+  // Non-root ranks reduce a copy, so their input is left as it was.
+  at::Tensor user = tensors[0];
+  at::Tensor work = (getRank() == root) ? user.contiguous() : user.contiguous().clone();
+  std::function<void()> after;
+  if (getRank() == root && !work.is_same(user)) after = [user, work]() mutable { user.copy_(work); };
+  CollectiveArgs a;
+  a.kind = OpKind::kReduce;
+  a.input = a.output = to_buffer(work);
+  a.reduce = to_hcomm_op(opts.reduceOp, work.scalar_type());
+  a.root = root;
+  return run(std::move(a), c10d::OpType::REDUCE, {work, user}, after, tensors, "hcomm:reduce");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  if (on_device(tensors)) return device_backend_->send(tensors, dstRank, tag);
+  check_single(tensors, "send");
+  check_dense(tensors[0], "send", "tensor");
+  at::Tensor t = tensors[0].contiguous();
+  CollectiveArgs a;
+  a.kind = OpKind::kSend;
+  a.input = a.output = to_buffer(t);
+  a.peer = dstRank;
+  a.tag = tag;
+  return run(std::move(a), c10d::OpType::SEND, {t}, nullptr, {}, "hcomm:send");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  if (on_device(tensors)) return device_backend_->recv(tensors, srcRank, tag);
+  check_single(tensors, "recv");
+  check_dense(tensors[0], "recv", "tensor");
+  InPlace t(tensors[0]);
+  CollectiveArgs a;
+  a.kind = OpKind::kRecv;
+  a.input = a.output = to_buffer(t.work);
+  a.peer = srcRank;
+  a.tag = tag;
+  return run(std::move(a), srcRank < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV, {t.work, t.user},
+             t.copy_back(), tensors, "hcomm:recv");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return recv(tensors, -1, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::barrier(const c10d::BarrierOptions&) {
+  CollectiveArgs a;
+  a.kind = OpKind::kBarrier;
+  return run(std::move(a), c10d::OpType::BARRIER, {}, nullptr, {}, "hcomm:barrier");
+}
+
+}  // namespace hcomm

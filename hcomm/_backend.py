@@ -1,0 +1,69 @@
+"""Registration of the ``hcomm`` torch.distributed backend.
+
+``import hcomm`` calls :func:`register` once.  torch then calls
+:func:`_create_backend` for every group that uses ``backend="hcomm"``
+(``init_process_group``, ``new_group``, ``"cpu:hcomm"``) with a store that is
+already prefixed for that group and device.  The host transport (gloo) is
+created here, over its own ``PrefixStore``, because the torch wheel ships no
+gloo headers; the C++ ProcessGroupHComm wraps it.
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from hcomm.settings import declare
+
+HCOMM_ALGO = declare(
+    "HCOMM_ALGO", "",
+    "force one algorithm for every collective that supports it (see `hcomm.algorithms()`); "
+    "ops it cannot run fall back to the cost model's choice",
+)
+HCOMM_DEBUG = declare(
+    "HCOMM_DEBUG", False,
+    "before each collective, all ranks compare op, dtype, element count and root/split sizes; "
+    "a mismatch raises an error naming the disagreeing rank (costs one small all-gather per op)",
+)
+HCOMM_LINK_ALPHA = declare(
+    "HCOMM_LINK_ALPHA", 50e-6, "latency (seconds) the cost model assumes for the flat tier until it is measured",
+)
+HCOMM_LINK_BETA = declare(
+    "HCOMM_LINK_BETA", 1e9, "bandwidth (bytes/second) the cost model assumes for the flat tier until it is measured",
+)
+
+_registered = False
+
+
+def _devices():
+    from hcomm import _C
+
+    devices = ["cpu"]
+    if _C.has_cuda:
+        devices.append("cuda")
+    return devices
+
+
+def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
+    from hcomm import _C
+
+    host = dist.ProcessGroupGloo(dist.PrefixStore("hcomm/host", store), rank, size, timeout)
+    device = None
+    if _C.has_cuda and torch.cuda.is_available() and dist.is_nccl_available():
+        device = dist.ProcessGroupNCCL(dist.PrefixStore("hcomm/nccl", store), rank, size)
+    return _C.ProcessGroupHComm(
+        store, rank, size, timeout, host, device,
+        algorithm=HCOMM_ALGO.get(), debug=HCOMM_DEBUG.get(),
+        alpha=HCOMM_LINK_ALPHA.get(), beta=HCOMM_LINK_BETA.get(),
+    )
+
+
+def register() -> None:
+    """Register backend ``hcomm`` with torch.distributed (idempotent)."""
+    global _registered
+    if _registered or "HCOMM" in dist.Backend._plugins:
+        _registered = True
+        return
+    dist.Backend.register_backend("hcomm", _create_backend, extended_api=False, devices=_devices())
+    _registered = True

@@ -1,0 +1,149 @@
+// Core bindings: enums, the algorithm table, error translation, and the
+// thread-rank harness the algorithm tests use.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <thread>
+
+#include "core/algo/algorithm.h"
+#include "core/communicator.h"
+#include "core/error.h"
+#include "core/local_transport.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace hcomm {
+
+py::dict record_to_dict(const OpRecord& r) {
+  py::dict d;
+  d["seq"] = r.seq;
+  d["op"] = op_name(r.kind);
+  d["dtype"] = dtype_name(r.dtype);
+  d["count"] = r.count;
+  d["bytes"] = r.bytes;
+  d["algorithm"] = r.algorithm;
+  d["chunk_bytes"] = r.chunk_bytes;
+  d["seconds"] = r.seconds;
+  d["predicted_seconds"] = r.predicted_seconds;
+  py::list tiers;
+  for (const auto& t : r.tiers) {
+    py::dict td;
+    td["tier"] = t.tier;
+    td["bytes"] = t.bytes;
+    td["seconds"] = t.seconds;
+    tiers.append(td);
+  }
+  d["tiers"] = tiers;
+  return d;
+}
+
+namespace {
+
+Buffer as_buffer(py::handle obj, DType dtype) {
+  if (obj.is_none()) return Buffer{nullptr, 0, dtype};
+  py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request(true);
+  Buffer b;
+  b.data = info.ptr;
+  b.dtype = dtype;
+  b.count = static_cast<int64_t>(info.size * info.itemsize / static_cast<py::ssize_t>(dtype_size(dtype)));
+  return b;
+}
+
+// Runs one collective on `world` thread ranks; rank r uses inputs[r]/outputs[r].
+py::list local_run(int world, int kind, int dtype, int reduce, int root, py::list inputs, py::list outputs,
+                   std::vector<std::vector<int64_t>> input_counts, std::vector<std::vector<int64_t>> output_counts,
+                   std::string algorithm, bool debug, int timeout_ms, int kill_rank) {
+  auto hub = std::make_shared<LocalHub>(world);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<CollectiveArgs> args(world);
+  for (int r = 0; r < world; ++r) {
+    CommConfig cfg;
+    cfg.forced_algorithm = algorithm;
+    cfg.debug_checks = debug;
+    comms.push_back(std::make_unique<Communicator>(
+        std::make_shared<LocalTransport>(hub, r, std::chrono::milliseconds(timeout_ms)), cfg));
+    CollectiveArgs& a = args[r];
+    a.kind = static_cast<OpKind>(kind);
+    a.input = as_buffer(inputs[r], static_cast<DType>(dtype));
+    a.output = as_buffer(outputs[r], static_cast<DType>(dtype));
+    if (a.kind == OpKind::kAllReduce || a.kind == OpKind::kBroadcast || a.kind == OpKind::kReduce) a.output = a.input;
+    a.reduce = static_cast<ReduceOp>(reduce);
+    a.root = root;
+    if (!input_counts.empty()) a.input_counts = input_counts[r];
+    if (!output_counts.empty()) a.output_counts = output_counts[r];
+  }
+  py::list records;
+  std::vector<std::shared_ptr<Request>> reqs(world);
+  std::string first_error;
+  {
+    py::gil_scoped_release nogil;
+    for (int r = 0; r < world; ++r) {
+      if (r == kill_rank) continue;  // this rank "dies": never joins
+      try {
+        reqs[r] = comms[r]->submit(args[r]);
+      } catch (const std::exception& e) {
+        if (first_error.empty()) first_error = e.what();
+        hub->kill("hcomm: a peer failed before the collective: " + std::string(e.what()));
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      if (!reqs[r]) continue;
+      try {
+        reqs[r]->wait(std::chrono::milliseconds(-1));
+      } catch (const std::exception& e) {
+        if (first_error.empty()) first_error = e.what();
+      }
+    }
+    comms.clear();
+  }
+  if (!first_error.empty()) {
+    bool invalid = first_error.find("hcomm: ") == 0 && first_error.find(" on rank ") != std::string::npos &&
+                   first_error.find("timed out") == std::string::npos;
+    throw Error(invalid ? ErrorKind::kInvalidArgument : ErrorKind::kRuntime, first_error);
+  }
+  for (int r = 0; r < world; ++r) records.append(reqs[r] ? record_to_dict(reqs[r]->record()) : py::dict());
+  return records;
+}
+
+}  // namespace
+
+void bind_core(py::module_& m) {
+  py::object errors = py::module_::import("hcomm.errors");
+  static py::object hcomm_error = errors.attr("HCommError");
+  static py::object value_error = errors.attr("HCommValueError");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString((e.kind() == ErrorKind::kInvalidArgument ? value_error : hcomm_error).ptr(), e.what());
+    }
+  });
+
+  py::dict dtypes, ops, kinds;
+  for (int i = 0; i < static_cast<int>(DType::kCount); ++i) dtypes[dtype_name(static_cast<DType>(i))] = i;
+  for (int i = 0; i < static_cast<int>(ReduceOp::kCount); ++i) ops[reduce_op_name(static_cast<ReduceOp>(i))] = i;
+  for (int i = 0; i < static_cast<int>(OpKind::kCount); ++i) kinds[op_name(static_cast<OpKind>(i))] = i;
+  m.attr("DTYPES") = dtypes;
+  m.attr("REDUCE_OPS") = ops;
+  m.attr("OP_KINDS") = kinds;
+
+  m.def("algorithms", [] {
+    py::list out;
+    for (const Algorithm* a : algorithm_table()) out.append(py::make_tuple(a->name(), a->description()));
+    return out;
+  }, "The algorithm table: (name, description) in preference order.");
+
+  m.def("reduce_supported", [](int dtype, int op) {
+    std::string why;
+    bool ok = reduce_supported(static_cast<DType>(dtype), static_cast<ReduceOp>(op), &why);
+    return py::make_tuple(ok, why);
+  });
+
+  m.def("local_run", &local_run, py::arg("world"), py::arg("kind"), py::arg("dtype"), py::arg("reduce"),
+        py::arg("root"), py::arg("inputs"), py::arg("outputs"), py::arg("input_counts"), py::arg("output_counts"),
+        py::arg("algorithm") = "", py::arg("debug") = false, py::arg("timeout_ms") = 10000, py::arg("kill_rank") = -1,
+        "Run one collective on `world` in-process thread ranks (test harness).");
+}
+
+}  // namespace hcomm
