@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hcomm.bench.base import (Buffers, Collective, Context, count_wrong, movement_values,
+from hcomm.bench.base import (Buffers, Collective, count_wrong, movement_values,
                               poison_like, reduction_expected, reduction_input)
 
 # torch 2.13 renamed the tensor-in/tensor-out collectives and deprecates the

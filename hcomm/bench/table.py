@@ -53,8 +53,12 @@ def row(r: Dict[str, Any]) -> str:
 
 
 def tier_line(r: Dict[str, Any]) -> str:
+    tiers = r.get("tiers") or []
+    # a single untimed tier (a flat algorithm) says nothing the row does not; it stays in the JSON
+    if len(tiers) < 2 and not any(t.get("seconds") for t in tiers):
+        return ""
     parts = []
-    for t in r.get("tiers") or []:
+    for t in tiers:
         rate = "-" if t.get("gbps") is None else f"{t['gbps']:.3f} GB/s"
         parts.append(f"{t['tier']} {human_bytes(t['bytes'])} in {t['seconds'] * 1e6:.1f} us = {rate}")
     return "#        tiers: " + " | ".join(parts) if parts else ""

@@ -15,7 +15,6 @@ emulate run``) or, without it, by host name.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import statistics
