@@ -10,7 +10,8 @@ def plot(records: List[Dict[str, Any]], backends: List[str], path: str, title: s
     matplotlib.use("Agg")  # no display on cluster nodes; never pick an interactive backend
     import matplotlib.pyplot as plt
 
-    tiered = [r for r in records if r.get("tiers")]
+    # only tiers hcomm actually timed get a panel (a flat algorithm reports one untimed tier)
+    tiered = [r for r in records if any(t.get("gbps") is not None for t in r.get("tiers") or [])]
     ncols = 2 if tiered else 1
     fig, axes = plt.subplots(1, ncols, figsize=(7 * ncols, 4.5), squeeze=False)
     ax = axes[0][0]
