@@ -9,5 +9,5 @@ Nothing is created at import time.
 """
 from hcomm.emulate.cluster import Cluster, EmulatorUnavailable  # noqa: F401
 from hcomm.emulate.launch import run, run_on  # noqa: F401
-from hcomm.emulate.presets import DEFAULT_PRESET, presets  # noqa: F401
+from hcomm.emulate.catalog import DEFAULT_PRESET, presets  # noqa: F401
 from hcomm.emulate.spec import ClusterSpec, NodeSpec, RankSpec, SpecError, load_spec  # noqa: F401

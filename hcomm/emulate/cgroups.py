@@ -15,7 +15,8 @@ Why a 10 ms period (default 100 ms): a rank throttled to 0.4 core would run
 Pinning.  Each rank is pinned (cpuset) to one core, chosen greedily so the
 quotas on every core add up to at most the core's budget; a rank's quota
 therefore is a guarantee, not just a cap, and measured speed ratios match the
-configured ones even when all ranks compute at once.
+configured ones even when all ranks compute at once.  Only cores that are
+really independent are used (see :func:`independent_cores`).
 
 Memory.  ``memory.limit_in_bytes`` is the rank's emulated device memory; the
 whole rank process (its host RSS stands in for device memory) counts against
@@ -25,11 +26,14 @@ SIGKILL and bumps ``oom_kill`` in ``memory.oom_control``, which is how
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("cpu", "memory", "cpuset")
@@ -39,22 +43,102 @@ CORE_BUDGET = 0.8
 
 @dataclass(frozen=True)
 class CpuPlan:
-    cores: int              # cores this process may run on
+    cores: int              # cores the ranks are pinned to
     scale: float            # cores per unit of relative speed
     quota_us: Dict[int, int]
     cpu_of: Dict[int, int]  # rank -> core it is pinned to
+    clock: float = 1.0      # quota correction measured by calibrate()
 
     def describe(self) -> str:
-        return (f"speed 1.0 = {self.scale:.2f} core ({int(self.scale * PERIOD_US)} us per "
-                f"{PERIOD_US} us period) on {self.cores} cores")
+        return (f"speed 1.0 = {self.scale:.2f} core of work (quota "
+                f"{int(self.scale * PERIOD_US / self.clock)} us per {PERIOD_US} us period, "
+                f"task-clock factor {self.clock:.2f}); ranks pinned to {self.cores} of "
+                f"{len(available_cores())} cores")
 
 
 def available_cores() -> List[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def plan_cpu(speeds: Dict[int, float], cores: Optional[Sequence[int]] = None) -> CpuPlan:
-    """Quotas and pinning for ``{rank: speed}`` on the given (or usable) cores."""
+def _loop(seconds: float, start: float, cpu: int = -1, cgroup: Optional[Tuple[str, int]] = None):
+    code = ("import time\nfrom hcomm.emulate.probes import compute\n"
+            f"print(compute({start!r}, {seconds!r})['iters'])")
+
+    def _pre() -> None:
+        if cpu >= 0:
+            os.sched_setaffinity(0, {cpu})
+        if cgroup is not None:
+            join(*cgroup)
+
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=_pre)
+
+
+def _iters(proc) -> int:
+    return int(proc.communicate()[0])
+
+
+@dataclass(frozen=True)
+class Calibration:
+    cores: List[int]     # cores to pin ranks to
+    worth: float         # how many cores' worth of work all cores did together
+    clock: float         # work a quota buys / the quota (1.0 on honest hardware)
+
+
+def calibrate(run_id: str, rank: int, cache_dir: str) -> Calibration:
+    """Measure, once per boot (cached), what the cores and quotas really give.
+
+    Two things VMs get wrong, both seen on the dev box:
+    * vCPUs that share one physical core (SMT siblings, an overcommitted
+      host): its two "cores" run two busy loops at half speed each.  Pinning
+      one rank per vCPU would make a quota deliver less work whenever a
+      neighbour runs, so if all cores together do less than 75% of N cores'
+      work, ranks are pinned to only as many cores as they are worth.
+    * a task clock that runs slow against wall time: there a 0.4-core quota
+      bought a whole core's work.  Quotas are divided by the measured
+      ``clock`` factor (a loop under a 0.2-core quota vs. unlimited).
+    The rank's own cgroup (before its real quota is set) hosts the probe.
+    """
+    cores = available_cores()
+    try:
+        boot = _read("/proc/sys/kernel/random/boot_id").strip()
+    except OSError:
+        boot = ""
+    cache = os.path.join(cache_dir, "cpu-calibration.json")
+    try:
+        with open(cache) as f:
+            saved = json.load(f)
+        if saved["all"] == cores and saved["boot"] == boot:
+            return Calibration(saved["cores"], saved["worth"], saved["clock"])
+    except (OSError, ValueError, KeyError):
+        pass
+    solo = _iters(_loop(0.4, time.time() + 0.3, cores[0]))
+    use = cores
+    worth = 1.0
+    if len(cores) > 1:
+        start = time.time() + 0.5
+        worth = sum(_iters(p) for p in [_loop(0.4, start, c) for c in cores]) / max(1, solo)
+        if worth < 0.75 * len(cores):
+            use = cores[: max(1, int(worth + 0.25))]
+    path = rank_path("cpu", run_id, rank)
+    _write(os.path.join(path, "cpu.cfs_period_us"), PERIOD_US)
+    _write(os.path.join(path, "cpu.cfs_quota_us"), PERIOD_US // 5)
+    # Start late enough that interpreter start-up under the quota is over.
+    limited = _iters(_loop(0.4, time.time() + 1.0, cgroup=(run_id, rank)))
+    clock = min(5.0, max(0.2, (limited / max(1, solo)) / 0.2))
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(cache, "w") as f:
+        json.dump({"all": cores, "boot": boot, "cores": use, "worth": worth, "clock": clock}, f)
+    return Calibration(use, worth, clock)
+
+
+def plan_cpu(speeds: Dict[int, float], cores: Optional[Sequence[int]] = None,
+             clock: float = 1.0) -> CpuPlan:
+    """Quotas and pinning for ``{rank: speed}`` on the given (or usable) cores.
+
+    ``clock`` is :attr:`Calibration.clock`: quotas are divided by it so that
+    a quota buys the share of wall-clock work it promises.
+    """
     cores = list(cores if cores is not None else available_cores())
     load = {c: 0.0 for c in cores}
     cpu_of: Dict[int, int] = {}
@@ -66,8 +150,8 @@ def plan_cpu(speeds: Dict[int, float], cores: Optional[Sequence[int]] = None) ->
         cpu_of[r] = core
         load[core] += speeds[r]
     scale = min(1.0, CORE_BUDGET / max(load.values()))
-    quota = {r: max(1000, int(s * scale * PERIOD_US)) for r, s in speeds.items()}
-    return CpuPlan(len(cores), scale, quota, cpu_of)
+    quota = {r: max(1000, int(s * scale * PERIOD_US / clock)) for r, s in speeds.items()}
+    return CpuPlan(len(cores), scale, quota, cpu_of, clock)
 
 
 def run_path(controller: str, run_id: str) -> str:

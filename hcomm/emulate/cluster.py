@@ -142,7 +142,13 @@ class Cluster:
                                           if k not in ("id", "pid", "pid_start", "created")})
 
     def _create_cgroups(self) -> None:
-        self.cpu_plan = cgroups.plan_cpu({r.rank: r.speed for r in self.spec.ranks})
+        for r in self.spec.ranks:  # unlimited first: calibration borrows rank 0's group
+            cgroups.create_rank(self.run_id, r.rank, -1, cgroups.available_cores()[0],
+                                r.memory_bytes)
+        first = self.spec.ranks[0].rank
+        self.calibration = cgroups.calibrate(self.run_id, first, state.state_dir())
+        self.cpu_plan = cgroups.plan_cpu({r.rank: r.speed for r in self.spec.ranks},
+                                         self.calibration.cores, self.calibration.clock)
         for r in self.spec.ranks:
             cgroups.create_rank(self.run_id, r.rank, self.cpu_plan.quota_us[r.rank],
                                 self.cpu_plan.cpu_of[r.rank], r.memory_bytes)

@@ -242,7 +242,7 @@ def load_file(path: str) -> ClusterSpec:
 
 def load_spec(path_or_preset: Optional[str] = None) -> ClusterSpec:
     """A spec from a YAML file, a preset name, or (None) the default preset."""
-    from hcomm.emulate import presets as _presets
+    from hcomm.emulate import catalog as _presets
 
     if isinstance(path_or_preset, ClusterSpec):
         return path_or_preset

@@ -1,4 +1,4 @@
-"""Built-in cluster presets, one YAML file each under ``presets/``.
+"""Built-in cluster presets (the catalog), one YAML file each under ``presets/``.
 
 Presets are plain spec files so users can copy one as the start of their own
 (``hcomm emulate show --cluster uneven`` prints where it lives).
