@@ -249,7 +249,8 @@ def run_ids() -> List[str]:
     for controller in CONTROLLERS:
         base = os.path.join(ROOT, controller, "hcomm")
         if os.path.isdir(base):
-            ids.update(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)))
+            ids.update(d for d in os.listdir(base)
+                       if len(d) == 6 and os.path.isdir(os.path.join(base, d)))
     return sorted(ids)
 
 

@@ -31,6 +31,7 @@ HCOMM_EMU_STATE_DIR = declare(
     "where hcomm emulate keeps one state file (and run folder) per emulated cluster run")
 
 _NETNS_RE = re.compile(r"hce-([0-9a-f]{6})-n\d+")
+_RUN_FILE_RE = re.compile(r"[0-9a-f]{6}\.json")
 
 
 def state_dir() -> str:
@@ -109,7 +110,7 @@ def known_run_ids() -> List[str]:
     """Run ids with a state file, a namespace or a cgroup on this machine."""
     ids = set()
     if os.path.isdir(state_dir()):
-        ids.update(f[:-5] for f in os.listdir(state_dir()) if f.endswith(".json"))
+        ids.update(f[:-5] for f in os.listdir(state_dir()) if _RUN_FILE_RE.fullmatch(f))
     for ns in list_netns():
         m = _NETNS_RE.fullmatch(ns)
         if m:
