@@ -48,10 +48,11 @@ class CpuPlan:
     quota_us: Dict[int, int]
     cpu_of: Dict[int, int]  # rank -> core it is pinned to
     clock: float = 1.0      # quota correction measured by calibrate()
+    period_us: int = PERIOD_US
 
     def describe(self) -> str:
         return (f"speed 1.0 = {self.scale:.2f} core of work (quota "
-                f"{int(self.scale * PERIOD_US / self.clock)} us per {PERIOD_US} us period, "
+                f"{int(self.scale * self.period_us / self.clock)} us per {self.period_us} us period, "
                 f"task-clock factor {self.clock:.2f}); ranks pinned to {self.cores} of "
                 f"{len(available_cores())} cores")
 
@@ -150,8 +151,15 @@ def plan_cpu(speeds: Dict[int, float], cores: Optional[Sequence[int]] = None,
         cpu_of[r] = core
         load[core] += speeds[r]
     scale = min(1.0, CORE_BUDGET / max(load.values()))
-    quota = {r: max(1000, int(s * scale * PERIOD_US / clock)) for r, s in speeds.items()}
-    return CpuPlan(len(cores), scale, quota, cpu_of, clock)
+    share = {r: s * scale / clock for r, s in speeds.items()}  # of a core's task clock
+    # The kernel refuses quotas under 1 ms; lengthen the period rather than
+    # round a small share up (which would make slow ranks too fast).
+    period = PERIOD_US
+    smallest = min(share.values())
+    if smallest * period < 1000:
+        period = min(1_000_000, int(-(-1000 // (smallest * 1000)) * 1000))
+    quota = {r: max(1000, int(f * period)) for r, f in share.items()}
+    return CpuPlan(len(cores), scale, quota, cpu_of, clock, period)
 
 
 def run_path(controller: str, run_id: str) -> str:
@@ -188,7 +196,8 @@ def _ensure(path: str, cpuset_parent: Optional[str] = None) -> None:
                 _write(os.path.join(path, name), _read(os.path.join(cpuset_parent, name)).strip())
 
 
-def create_rank(run_id: str, rank: int, quota_us: int, cpu: int, memory_bytes: int) -> None:
+def create_rank(run_id: str, rank: int, quota_us: int, cpu: int, memory_bytes: int,
+                period_us: int = PERIOD_US) -> None:
     base = os.path.join(ROOT, "cpuset")
     _ensure(os.path.join(base, "hcomm"), base)
     _ensure(run_path("cpuset", run_id), os.path.join(base, "hcomm"))
@@ -198,7 +207,8 @@ def create_rank(run_id: str, rank: int, quota_us: int, cpu: int, memory_bytes: i
 
     path = rank_path("cpu", run_id, rank)
     _ensure(path)
-    _write(os.path.join(path, "cpu.cfs_period_us"), PERIOD_US)
+    _write(os.path.join(path, "cpu.cfs_quota_us"), -1)  # period may shrink below quota
+    _write(os.path.join(path, "cpu.cfs_period_us"), period_us)
     _write(os.path.join(path, "cpu.cfs_quota_us"), quota_us)
 
     path = rank_path("memory", run_id, rank)

@@ -35,7 +35,13 @@ _RUN_FILE_RE = re.compile(r"[0-9a-f]{6}\.json")
 
 
 def state_dir() -> str:
-    return HCOMM_EMU_STATE_DIR.get()
+    path = HCOMM_EMU_STATE_DIR.get()
+    if os.geteuid() != 0 and HCOMM_EMU_STATE_DIR.raw() is None:
+        # --unshaped needs no root; it still wants a run folder of its own.
+        import tempfile
+
+        path = os.path.join(tempfile.gettempdir(), f"hcomm-emulate-{os.getuid()}")
+    return path
 
 
 def new_run_id() -> str:

@@ -98,6 +98,9 @@ def test_cpu_plan_fits_budget_per_core():
     speeds = {r.rank: r.speed for r in load_spec("uneven").ranks}
     plan = plan_cpu(speeds, [0, 1])
     for core in (0, 1):
-        used = sum(plan.quota_us[r] for r in speeds if plan.cpu_of[r] == core) / PERIOD_US
+        used = sum(plan.quota_us[r] for r in speeds if plan.cpu_of[r] == core) / plan.period_us
         assert used <= CORE_BUDGET + 1e-6
     assert plan.quota_us[3] * 2 == pytest.approx(plan.quota_us[0], abs=2)
+    slow = plan_cpu(speeds, [0], clock=1.7)  # tiny shares: period grows, no quota under 1 ms
+    assert min(slow.quota_us.values()) >= 1000 and slow.period_us > PERIOD_US
+    assert slow.quota_us[3] * 2 == pytest.approx(slow.quota_us[0], abs=2)
