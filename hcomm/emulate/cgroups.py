@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("cpu", "memory", "cpuset")
 PERIOD_US = 10_000
+MIN_QUOTA_US = 5_000
 CORE_BUDGET = 0.8
 
 
@@ -152,12 +153,13 @@ def plan_cpu(speeds: Dict[int, float], cores: Optional[Sequence[int]] = None,
         load[core] += speeds[r]
     scale = min(1.0, CORE_BUDGET / max(load.values()))
     share = {r: s * scale / clock for r, s in speeds.items()}  # of a core's task clock
-    # The kernel refuses quotas under 1 ms; lengthen the period rather than
-    # round a small share up (which would make slow ranks too fast).
+    # Quotas much under 5 ms (the CFS bandwidth slice, about a tick) are
+    # enforced coarsely -- measured: a 1 ms quota gave 2/3 of its share -- and
+    # the kernel refuses any under 1 ms; so lengthen the period instead.
     period = PERIOD_US
     smallest = min(share.values())
-    if smallest * period < 1000:
-        period = min(1_000_000, int(-(-1000 // (smallest * 1000)) * 1000))
+    if smallest * period < MIN_QUOTA_US:
+        period = min(1_000_000, int(-(-MIN_QUOTA_US // (smallest * 1000)) * 1000))
     quota = {r: max(1000, int(f * period)) for r, f in share.items()}
     return CpuPlan(len(cores), scale, quota, cpu_of, clock, period)
 
@@ -197,7 +199,7 @@ def _ensure(path: str, cpuset_parent: Optional[str] = None) -> None:
 
 
 def create_rank(run_id: str, rank: int, quota_us: int, cpu: int, memory_bytes: int,
-                period_us: int = PERIOD_US) -> None:
+                period_us: int = PERIOD_US, shares_speed: float = 1.0) -> None:
     base = os.path.join(ROOT, "cpuset")
     _ensure(os.path.join(base, "hcomm"), base)
     _ensure(run_path("cpuset", run_id), os.path.join(base, "hcomm"))
@@ -210,6 +212,10 @@ def create_rank(run_id: str, rank: int, quota_us: int, cpu: int, memory_bytes: i
     _write(os.path.join(path, "cpu.cfs_quota_us"), -1)  # period may shrink below quota
     _write(os.path.join(path, "cpu.cfs_period_us"), period_us)
     _write(os.path.join(path, "cpu.cfs_quota_us"), quota_us)
+    # Weights in proportion to speed too: if the quotas ever oversubscribe a
+    # core (a VM clock that the calibration misjudged), CFS then splits it in
+    # the same ratios instead of evenly.
+    _write(os.path.join(path, "cpu.shares"), max(2, int(1024 * shares_speed)))
 
     path = rank_path("memory", run_id, rank)
     _ensure(path)

@@ -152,7 +152,7 @@ class Cluster:
         for r in self.spec.ranks:
             cgroups.create_rank(self.run_id, r.rank, self.cpu_plan.quota_us[r.rank],
                                 self.cpu_plan.cpu_of[r.rank], r.memory_bytes,
-                                self.cpu_plan.period_us)
+                                self.cpu_plan.period_us, r.speed)
 
     def _install_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
