@@ -6,4 +6,5 @@
 
 namespace hcomm {
 void bind_kernels(pybind11::module_& m);  // python/bind_kernels.cpp
+void bind_compress(pybind11::module_& m);  // python/bind_compress.cpp
 }  // namespace hcomm

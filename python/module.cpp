@@ -4,4 +4,5 @@
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hcomm C++ core";
   hcomm::bind_kernels(m);
+  hcomm::bind_compress(m);
 }

@@ -20,11 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define HCOMM_HD __host__ __device__ __forceinline__
-#else
-#define HCOMM_HD inline
-#endif
+#include "core/kernels/hd.h"
 
 namespace hcomm {
 namespace kernels {
