@@ -31,12 +31,14 @@ void reduce_into_cast(void* acc, DType acc_dtype, const void* src, DType src_dty
 
 void reduce_into(void* acc, const void* src, int64_t n, DType dtype, ReduceOp op) {
   if (n <= 0) return;
+  std::string why;
+  HCOMM_CHECK_ARG(reduce_supported(dtype, op, &why), why);
   Fmt f;
   FOp fop;
   if (to_fmt(dtype, &f) && static_cast<int>(f) < kNumAccFmt && to_fop(op, &fop)) {
     return reduce_into_cast(acc, dtype, src, dtype, n, op);
   }
-  reduce_into_generic(acc, src, n, dtype, op);  // throws for what nothing supports
+  reduce_into_generic(acc, src, n, dtype, op);
 }
 
 }  // namespace kernels
