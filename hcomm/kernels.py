@@ -142,6 +142,8 @@ def cast(src: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None)
 
 
 def num_chunks(n: int, chunk: int) -> int:
+    if chunk <= 0:
+        raise ValueError(f"fp8 chunk must be positive, got {chunk}")
     return 0 if n <= 0 else (n + chunk - 1) // chunk
 
 
