@@ -20,4 +20,6 @@ from hcomm.collectives import (  # noqa: F401
     scatter, send, set_algorithm,
 )
 
+from hcomm.topology import topology  # noqa: F401,E402
+
 _register()

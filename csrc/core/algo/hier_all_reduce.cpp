@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -151,7 +152,16 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   Progress rs_done, x_done;
   std::exception_ptr rs_error, x_error;
 
-  std::thread rs_thread([&] {
+  // One chunk: no pipeline to fill, so run the stages in turn on this thread
+  // (three thread start-ups would dominate a small message).
+  auto spawn = [chunks](std::function<void()> fn) {
+    if (chunks == 1) {
+      fn();
+      return std::thread();
+    }
+    return std::thread(std::move(fn));
+  };
+  std::thread rs_thread = spawn([&] {
     std::vector<uint8_t> scratch;
     AlgoContext local_ctx = ctx;
     local_ctx.scratch = &scratch;
@@ -170,7 +180,7 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
       rs_done.fail();
     }
   });
-  std::thread x_thread([&] {
+  std::thread x_thread = spawn([&] {
     std::vector<uint8_t> scratch;
     try {
       for (int k = 0; k < chunks; ++k) {
@@ -205,8 +215,8 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
     rs_done.fail();
     x_done.fail();
   }
-  rs_thread.join();
-  x_thread.join();
+  if (rs_thread.joinable()) rs_thread.join();
+  if (x_thread.joinable()) x_thread.join();
   if (rs_error) std::rethrow_exception(rs_error);
   if (x_error) std::rethrow_exception(x_error);
   if (ag_error) std::rethrow_exception(ag_error);
