@@ -78,6 +78,13 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
         pg.set_hierarchy(topo.islands, island_pg, intra.alpha, intra.beta, inter.alpha, inter.beta,
                          [r.inter_weight for r in topo.ranks], bool(HCOMM_PROPORTIONAL_SHARDS.get()),
                          topo.uplink_sharing())
+        from hcomm.compress import resolve as compression
+
+        cfg = compression(None)  # HCOMM_COMPRESS
+        if cfg.enabled:
+            from hcomm.collectives import _dtype_code
+
+            pg.set_compression(_dtype_code(cfg.wire), cfg.chunk, cfg.error_feedback)
     pg.topology_json = json.dumps(topo.to_dict())
     return pg
 

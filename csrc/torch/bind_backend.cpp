@@ -109,6 +109,13 @@ void bind_torch(py::module_& m) {
           py::arg("islands"), py::arg("island_backend"), py::arg("intra_alpha"), py::arg("intra_beta"),
           py::arg("inter_alpha"), py::arg("inter_beta"), py::arg("weights"), py::arg("proportional"),
           py::arg("uplink_sharing"))
+      .def(
+          "set_compression",
+          [](ProcessGroupHComm& pg, int wire, int64_t chunk, bool ef) {
+            pg.set_compression(wire < 0 ? std::nullopt : std::optional<DType>(static_cast<DType>(wire)), chunk, ef);
+          },
+          py::arg("wire"), py::arg("chunk") = 1024, py::arg("error_feedback") = false,
+          "Wire dtype code for the inter-island tier (-1: off), fp8 chunk, error feedback.")
       .def_readwrite("topology_json", &ProcessGroupHComm::topology_json)
       .def_property_readonly("library", [](ProcessGroupHComm& pg) { return pg.communicator().library(); })
       .def_property_readonly("host_backend", &ProcessGroupHComm::host_backend);

@@ -76,6 +76,26 @@ void ProcessGroupHComm::set_hierarchy(std::vector<std::vector<int>> islands,
   }
 }
 
+void ProcessGroupHComm::set_compression(std::optional<DType> wire, int64_t chunk, bool error_feedback) {
+  auto current = comm_->hierarchy();
+  TORCH_CHECK_VALUE(current || !wire, "hcomm: compression applies to the inter-island tier, and this group spans one island");
+  if (!current) return;
+  auto h = std::make_shared<Hierarchy>(*current);
+  h->compress = wire.has_value();
+  if (wire) {
+    h->wire.wire = *wire;
+    h->wire.chunk = chunk;
+    try {
+      compress::wire_supported(h->wire, true);
+    } catch (...) {
+      rethrow_for_torch(std::current_exception());
+    }
+  }
+  h->error_feedback = error_feedback;
+  if (!h->residuals) h->residuals = std::make_shared<compress::ResidualStore>();
+  comm_->set_hierarchy(std::move(h));
+}
+
 bool ProcessGroupHComm::on_device(const at::Tensor& t) const {
   if (t.device().is_cpu()) return false;
   TORCH_CHECK_VALUE(device_backend_, "hcomm: tensor on ", t.device(),
