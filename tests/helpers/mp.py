@@ -130,7 +130,7 @@ class Pool:
             self._procs.append(p)
         self._collect("setup", timeout_s)
 
-    def _collect(self, what: str, timeout_s: float) -> List[Any]:
+    def _collect(self, what: str, timeout_s: float, expect_dead=()) -> List[Any]:
         import time
 
         deadline = time.monotonic() + timeout_s
@@ -147,7 +147,9 @@ class Pool:
                 self.kill()
                 self.broken = f"{what} timed out after {timeout_s:.0f} s on rank {rank}"
                 raise PoolError(self.broken)
-            if status in ("err", "dead"):
+            if status == "dead" and rank in expect_dead:
+                value = None
+            elif status in ("err", "dead"):
                 errors.append(f"--- rank {rank} ---\n{value}")
             results[rank] = value
         if errors:
@@ -156,14 +158,20 @@ class Pool:
             raise PoolError(f"{what} failed:\n" + "\n".join(errors))
         return results
 
-    def run(self, fn, *args, timeout_s: Optional[float] = None) -> List[Any]:
-        """Run module-level `fn(ctx, *args)` on every rank; returns the results by rank."""
+    def run(self, fn, *args, timeout_s: Optional[float] = None, expect_dead=()) -> List[Any]:
+        """Run module-level `fn(ctx, *args)` on every rank; returns the results by rank.
+
+        Ranks in `expect_dead` may exit instead of answering (fault tests); their result is None.
+        """
         if self.broken:
             raise PoolError(f"pool unusable: {self.broken}")
         msg = (fn.__module__, fn.__name__, args)
         for conn in self._conns:
             conn.send(msg)
-        return self._collect(fn.__name__, timeout_s or self.timeout_s)
+        results = self._collect(fn.__name__, timeout_s or self.timeout_s, expect_dead)
+        if expect_dead:
+            self.broken = f"ranks {sorted(expect_dead)} exited in {fn.__name__}"
+        return results
 
     def kill(self) -> None:
         for p in self._procs:
