@@ -120,7 +120,7 @@ def test_root_that_never_joins_makes_the_others_time_out(kind, algorithm):
 
 def test_debug_check_names_the_rank_with_a_different_count():
     bufs = [_z(5), _z(5), _z(6), _z(5)]
-    with pytest.raises(hcomm.HCommError, match=r"HCOMM_DEBUG.*rank 2 disagrees on element count \(6 vs 5\)"):
+    with pytest.raises(hcomm.HCommError, match=r"HCOMM_DEBUG.*rank 2 disagrees on element count \(6 vs 5 on rank 0\)"):
         local.run(4, "all_reduce", torch.float32, bufs, debug=True, timeout_ms=5000)
 
 
