@@ -125,7 +125,7 @@ def _dtensor(group, rank):
     partial = DTensor.from_local(torch.full((2, 2), float(rank + 1)), mesh, [Partial()])
     summed = partial.redistribute(mesh, [Replicate()]).to_local()  # all-reduce
     scattered = partial.redistribute(mesh, [Shard(0)]).to_local()  # reduce-scatter
-    mm = (d @ torch.ones(3, 2)).full_tensor()
+    mm = (d @ distribute_tensor(torch.ones(3, 2), mesh, [Replicate()])).full_tensor()
     return [rep, s1, summed, scattered, mm]
 
 

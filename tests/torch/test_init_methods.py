@@ -72,7 +72,7 @@ def test_init_process_group_with_hcomm(bare_pool, backend, method, tmp_path):
     res = bare_pool.run(case_init, backend, init)
     for rank, r in enumerate(res):
         assert r["is_hcomm"] and r["backend"] in ("hcomm", "cpu:hcomm")
-        assert r["product"] == [2.0, 8.0]
+        assert r["product"] == [2.0, 4.0]
         assert r["pair"] == 1.0
     assert res[1]["solo"] == [5.0, 5.0]
 
