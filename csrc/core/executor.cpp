@@ -10,7 +10,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 }  // namespace
 
-Executor::Executor() : worker_(&Executor::work_loop, this), waiter_(&Executor::wait_loop, this) {}
+Executor::Executor() : worker_(&Executor::work_loop, this) {}
 
 Executor::~Executor() { shutdown(); }
 
@@ -38,11 +38,7 @@ void Executor::work_loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) {
-        worker_done_ = true;
-        wait_cv_.notify_all();
-        return;
-      }
+      if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -56,9 +52,9 @@ void Executor::work_loop() {
     if (item.pending && !error) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        posted_.push_back(std::move(item));
+        ++waiters_;
       }
-      wait_cv_.notify_one();
+      std::thread([this, item = std::move(item)]() mutable { wait_one(std::move(item)); }).detach();
       continue;
     }
     finish(item, error);
@@ -67,28 +63,21 @@ void Executor::work_loop() {
   }
 }
 
-void Executor::wait_loop() {
-  for (;;) {
-    Item item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      wait_cv_.wait(lock, [&] { return worker_done_ || !posted_.empty(); });
-      if (posted_.empty()) return;
-      item = std::move(posted_.front());
-      posted_.pop_front();
-    }
-    std::exception_ptr error;
-    try {
-      item.pending->wait();
-      item.record.source_rank = item.pending->source();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    item.pending.reset();
-    finish(item, error);
-    std::lock_guard<std::mutex> lock(mu_);
-    --in_flight_;
+void Executor::wait_one(Item item) {
+  std::exception_ptr error;
+  try {
+    item.pending->wait();
+    item.record.source_rank = item.pending->source();
+  } catch (...) {
+    error = std::current_exception();
   }
+  item.pending.reset();
+  finish(item, error);
+  // Notified under the lock: once shutdown() sees waiters_ == 0 this thread
+  // no longer touches the executor.
+  std::lock_guard<std::mutex> lock(mu_);
+  --in_flight_;
+  if (--waiters_ == 0) wait_cv_.notify_all();
 }
 
 void Executor::finish(Item& item, std::exception_ptr error) {
@@ -100,13 +89,13 @@ void Executor::finish(Item& item, std::exception_ptr error) {
 void Executor::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ && !worker_.joinable() && !waiter_.joinable()) return;
     stop_ = true;
   }
   work_cv_.notify_all();
   if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
-  wait_cv_.notify_all();
-  if (waiter_.joinable() && waiter_.get_id() != std::this_thread::get_id()) waiter_.join();
+  // Posted point-to-point ops end by completing or by their transport's timeout.
+  std::unique_lock<std::mutex> lock(mu_);
+  wait_cv_.wait(lock, [&] { return waiters_ == 0; });
 }
 
 }  // namespace hcomm
