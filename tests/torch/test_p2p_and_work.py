@@ -150,3 +150,60 @@ def case_barrier_orders_ranks(ctx):
 
 def test_barrier_waits_for_the_slowest_rank(pool):
     assert pool.run(case_barrier_orders_ranks) == ["done"] * pool.world
+
+
+def case_uneven_list_forms(ctx):
+    """dist.all_gather / dist.reduce_scatter with different sizes per rank run hcomm's `_v` collectives."""
+    w, r, h = ctx.world, ctx.rank, ctx.hcomm
+    sizes = [q + 1 for q in range(w)]
+    outs = [torch.zeros(s, dtype=torch.int64) for s in sizes]
+    dist.all_gather(outs, torch.full((sizes[r],), r, dtype=torch.int64), group=h)
+    gathered = [o.tolist() for o in outs]
+    ins = [torch.full((s,), float(r + 1)) for s in sizes]
+    out = torch.zeros(sizes[r])
+    dist.reduce_scatter(out, ins, group=h)
+    return gathered, out.tolist()
+
+
+def test_list_forms_with_uneven_sizes(pool):
+    w = pool.world
+    for r, (gathered, reduced) in enumerate(pool.run(case_uneven_list_forms)):
+        assert gathered == [[q] * (q + 1) for q in range(w)]
+        assert reduced == [float(w * (w + 1) // 2)] * (r + 1)
+
+
+def case_irecv_completes_independently(ctx):
+    """A receive that has arrived completes even while an earlier receive is still outstanding.
+
+    Rank 0 posts irecv(from 1) then irecv(from 2), waits only for rank 2's,
+    then sends to rank 1, which only sends its message after that.
+    """
+    import datetime
+
+    r, h = ctx.rank, ctx.hcomm
+    if r == 0:
+        a, b = torch.zeros(1), torch.zeros(1)
+        wa = dist.irecv(a, src=1, group=h)
+        wb = dist.irecv(b, src=2, group=h)
+        err = None
+        try:
+            wb.wait(timeout=datetime.timedelta(seconds=5))
+        except Exception as e:  # noqa: BLE001
+            err = str(e).splitlines()[0]
+        dist.send(torch.tensor([42.0]), dst=1, group=h)  # unblocks rank 1 either way
+        wa.wait()
+        return err, a.item(), b.item()
+    if r == 1:
+        x = torch.zeros(1)
+        dist.recv(x, src=0, group=h)
+        dist.send(x + 1, dst=0, group=h)
+        return None, x.item(), None
+    if r == 2:
+        dist.send(torch.tensor([7.0]), dst=0, group=h)
+    return None, None, None
+
+
+def test_irecv_completion_is_not_blocked_by_an_earlier_outstanding_irecv(pool):
+    res = pool.run(case_irecv_completes_independently)
+    assert res[0] == (None, 43.0, 7.0)
+    assert res[1] == (None, 42.0, None)

@@ -35,6 +35,12 @@ def _worlds(ctx):
     return [(w, g, h) for w, (g, h) in sorted(ctx.groups.items()) if ctx.in_group(w)]
 
 
+def _broadcast_copy(t, root, group):
+    t = t.clone()
+    dist.broadcast(t, src=root, group=group)
+    return t
+
+
 def case_broadcast_and_all_gather(ctx, dtype_name):
     dtype = getattr(torch, dtype_name)
     failures = []
@@ -44,7 +50,7 @@ def case_broadcast_and_all_gather(ctx, dtype_name):
             for root in range(world):
                 x = inputs[ctx.rank].clone()
                 dist.broadcast(x, src=root, group=h)
-                y = _gloo_try(lambda: (lambda t: (dist.broadcast(t, src=root, group=g), t)[1])(inputs[ctx.rank].clone()))
+                y = _gloo_try(lambda: _broadcast_copy(inputs[ctx.rank], root, g))
                 _check(failures, f"broadcast w={world} n={n} root={root}", x, inputs[root], y)
             # all_gather_into_tensor (_allgather_base)
             out = torch.zeros(n * world, dtype=dtype)
