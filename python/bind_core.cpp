@@ -53,8 +53,25 @@ Buffer as_buffer(py::handle obj, DType dtype) {
 // Runs one collective on `world` thread ranks; rank r uses inputs[r]/outputs[r].
 py::list local_run(int world, int kind, int dtype, int reduce, int root, py::list inputs, py::list outputs,
                    std::vector<std::vector<int64_t>> input_counts, std::vector<std::vector<int64_t>> output_counts,
-                   std::string algorithm, bool debug, int timeout_ms, int kill_rank) {
+                   std::string algorithm, bool debug, int timeout_ms, int kill_rank,
+                   std::vector<std::vector<int>> islands, std::vector<double> weights) {
   auto hub = std::make_shared<LocalHub>(world);
+  // Optional islands: one more hub per island for its intra-island transport.
+  std::vector<std::shared_ptr<LocalHub>> island_hubs;
+  std::vector<int> island_of(world, -1), local_index(world, -1);
+  for (size_t i = 0; i < islands.size(); ++i) {
+    island_hubs.push_back(std::make_shared<LocalHub>(static_cast<int>(islands[i].size())));
+    for (size_t j = 0; j < islands[i].size(); ++j) {
+      int r = islands[i][j];
+      if (r < 0 || r >= world || island_of[r] != -1)
+        throw Error(ErrorKind::kInvalidArgument, "hcomm: islands must partition ranks 0.." + std::to_string(world - 1));
+      island_of[r] = static_cast<int>(i);
+      local_index[r] = static_cast<int>(j);
+    }
+  }
+  if (!islands.empty())
+    for (int r = 0; r < world; ++r)
+      if (island_of[r] < 0) throw Error(ErrorKind::kInvalidArgument, "hcomm: rank " + std::to_string(r) + " is in no island");
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<CollectiveArgs> args(world);
   for (int r = 0; r < world; ++r) {
@@ -63,6 +80,22 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
     cfg.debug_checks = debug;
     comms.push_back(std::make_unique<Communicator>(
         std::make_shared<LocalTransport>(hub, r, std::chrono::milliseconds(timeout_ms)), cfg));
+    if (!islands.empty()) {
+      auto h = std::make_shared<Hierarchy>();
+      h->islands = islands;
+      h->island_of = island_of;
+      h->local_index = local_index;
+      h->intra = std::make_shared<LocalTransport>(island_hubs[island_of[r]], local_index[r],
+                                                  std::chrono::milliseconds(timeout_ms));
+      h->inter_link.alpha = 1e-3;  // make the slow tier slow, so the model picks hier
+      h->inter_link.beta = 1e8;
+      h->intra_link.alpha = 1e-6;
+      h->intra_link.beta = 1e10;
+      h->inter_weight = weights;
+      h->proportional = !weights.empty();
+      comms.back()->set_link_model(h->inter_link);
+      comms.back()->set_hierarchy(h);
+    }
     CollectiveArgs& a = args[r];
     a.kind = static_cast<OpKind>(kind);
     a.input = as_buffer(inputs[r], static_cast<DType>(dtype));
@@ -143,6 +176,7 @@ void bind_core(py::module_& m) {
   m.def("local_run", &local_run, py::arg("world"), py::arg("kind"), py::arg("dtype"), py::arg("reduce"),
         py::arg("root"), py::arg("inputs"), py::arg("outputs"), py::arg("input_counts"), py::arg("output_counts"),
         py::arg("algorithm") = "", py::arg("debug") = false, py::arg("timeout_ms") = 10000, py::arg("kill_rank") = -1,
+        py::arg("islands") = std::vector<std::vector<int>>{}, py::arg("weights") = std::vector<double>{},
         "Run one collective on `world` in-process thread ranks (test harness).");
 }
 

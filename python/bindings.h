@@ -11,4 +11,5 @@ void bind_core(pybind11::module_& m);     // python/bind_core.cpp
 void bind_kernels(pybind11::module_& m);  // python/bind_kernels.cpp
 void bind_torch(pybind11::module_& m);    // csrc/torch/bind_backend.cpp
 pybind11::dict record_to_dict(const OpRecord& record);
+void bind_compress(pybind11::module_& m);  // python/bind_compress.cpp
 }  // namespace hcomm

@@ -6,4 +6,5 @@ PYBIND11_MODULE(_C, m) {
   hcomm::bind_core(m);
   hcomm::bind_kernels(m);
   hcomm::bind_torch(m);
+  hcomm::bind_compress(m);
 }

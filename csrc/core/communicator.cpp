@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/algo/registry.h"
 #include "core/algo/ring.h"
 #include "core/error.h"
 #include "core/validate.h"
@@ -20,26 +21,41 @@ Communicator::~Communicator() { shutdown(); }
 
 void Communicator::shutdown() { executor_.shutdown(); }
 
-Selection Communicator::plan(const CollectiveArgs& args) const {
+AlgoContext Communicator::context() const {
   AlgoContext ctx;
   ctx.flat = flat_.get();
-  std::string forced;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ctx.flat_link = config_.flat_link;
-    forced = config_.forced_algorithm;
+  std::lock_guard<std::mutex> lock(mu_);
+  ctx.flat_link = config_.flat_link;
+  ctx.hierarchy = hierarchy_.get();
+  return ctx;
+}
+
+Selection Communicator::plan(const CollectiveArgs& args) const {
+  return select_algorithm(args, context(), forced_algorithm());
+}
+
+void Communicator::set_hierarchy(std::shared_ptr<const Hierarchy> hierarchy) {
+  if (hierarchy) {
+    HCOMM_CHECK_ARG(static_cast<int>(hierarchy->island_of.size()) == size_ &&
+                        static_cast<int>(hierarchy->local_index.size()) == size_,
+                    "hcomm: hierarchy describes " + std::to_string(hierarchy->island_of.size()) +
+                        " ranks but the group has " + std::to_string(size_));
+    const int mine = hierarchy->island_of[rank_];
+    HCOMM_CHECK_ARG(hierarchy->intra && hierarchy->intra->size() == static_cast<int>(hierarchy->islands[mine].size()),
+                    "hcomm: the island transport's size does not match this rank's island");
   }
-  return select_algorithm(args, ctx, forced);
+  std::lock_guard<std::mutex> lock(mu_);
+  hierarchy_ = std::move(hierarchy);
+}
+
+std::shared_ptr<const Hierarchy> Communicator::hierarchy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hierarchy_;
 }
 
 double Communicator::predict(const CollectiveArgs& args, const std::string& algorithm) const {
   const Algorithm* a = find_algorithm(algorithm);
-  AlgoContext ctx;
-  ctx.flat = flat_.get();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ctx.flat_link = config_.flat_link;
-  }
+  AlgoContext ctx = context();
   if (a == nullptr || !a->supports(args, ctx, nullptr)) return std::numeric_limits<double>::quiet_NaN();
   return a->cost(args, ctx);
 }
@@ -70,6 +86,28 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
     record.predicted_seconds = sel.predicted_seconds;
   }
   bool debug = config_.debug_checks && !p2p;
+  if (!p2p && !debug && !hooks.before && algorithm == &native_algorithm()) {
+    // Fast path: a lone native op goes straight to the library.
+    auto after = hooks.after;
+    Transport* flat = flat_.get();
+    record.tiers.push_back({"flat", args.payload_bytes(), 0});
+    auto request = executor_.try_direct(
+        [&](std::function<void(std::exception_ptr)> done) {
+          return flat->start(args, [after, done](std::exception_ptr error) {
+            if (!error && after) {
+              try {
+                after();
+              } catch (...) {
+                error = std::current_exception();
+              }
+            }
+            done(error);
+          });
+        },
+        record);
+    if (request) return request;
+    record.tiers.clear();
+  }
   auto task = [this, args, hooks = std::move(hooks), algorithm, debug,
                collective_seq](OpRecord& rec) -> std::unique_ptr<Pending> {
     if (debug) debug_check(args, collective_seq);
@@ -81,13 +119,11 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
     } else if (args.kind == OpKind::kRecv) {
       pending = flat_->irecv(args.output, args.peer, args.tag);
     } else {
-      AlgoContext ctx;
-      ctx.flat = flat_.get();
+      // Hold the hierarchy for the op's duration even if it is replaced.
+      auto hierarchy = this->hierarchy();
+      AlgoContext ctx = context();
+      ctx.hierarchy = hierarchy.get();
       ctx.scratch = &scratch_;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ctx.flat_link = config_.flat_link;
-      }
       algorithm->run(args, ctx, rec);
     }
     if (pending && hooks.after) {

@@ -71,6 +71,10 @@ class Communicator {
   void set_forced_algorithm(const std::string& name);
   std::string forced_algorithm() const;
   void set_link_model(const LinkModel& link);
+  // Installs the cluster's islands (nullptr: one island).  Call before the
+  // first op; the hierarchical algorithms become eligible from then on.
+  void set_hierarchy(std::shared_ptr<const Hierarchy> hierarchy);
+  std::shared_ptr<const Hierarchy> hierarchy() const;
 
   std::vector<OpRecord> history() const;
   void clear_history();
@@ -80,6 +84,7 @@ class Communicator {
  private:
   void remember(const OpRecord& record);
   void debug_check(const CollectiveArgs& args, uint64_t seq);
+  AlgoContext context() const;  // flat transport, link model, hierarchy
 
   std::shared_ptr<Transport> flat_;
   CommConfig config_;
@@ -91,6 +96,7 @@ class Communicator {
   // HCOMM_DEBUG compares this number, not OpRecord::seq.
   uint64_t next_collective_seq_ = 0;
   std::deque<OpRecord> history_;
+  std::shared_ptr<const Hierarchy> hierarchy_;
   std::vector<uint8_t> scratch_;  // used on the worker only
   Executor executor_;            // last: its threads stop before the members above go
 };

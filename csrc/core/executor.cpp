@@ -27,6 +27,21 @@ std::shared_ptr<Request> Executor::submit(Task task, OpRecord record) {
   return request;
 }
 
+std::shared_ptr<Request> Executor::try_direct(const DirectStart& start, OpRecord record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_ || in_flight_ > 0) return nullptr;
+  auto request = std::make_shared<Request>();
+  auto begin = std::chrono::steady_clock::now();
+  auto recorder = recorder_;
+  auto done = [request, record, begin, recorder](std::exception_ptr error) mutable {
+    record.seconds = seconds_since(begin);
+    if (recorder) recorder(record);
+    request->complete(error, record);
+  };
+  if (!start(std::move(done))) return nullptr;
+  return request;
+}
+
 bool Executor::idle() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_flight_ == 0;

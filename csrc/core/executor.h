@@ -37,6 +37,13 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   std::shared_ptr<Request> submit(Task task, OpRecord record);
+  // Issue order without the worker: when nothing is queued or running here,
+  // calls `start` (under the queue lock, so no worker op can slip in before
+  // it) with a completion callback and returns the request; otherwise
+  // returns nullptr and the caller submits normally.  `start` returns false
+  // to decline.
+  using DirectStart = std::function<bool(std::function<void(std::exception_ptr)>)>;
+  std::shared_ptr<Request> try_direct(const DirectStart& start, OpRecord record);
   // Stops accepting work, fails what is queued, joins the threads.
   void shutdown();
   bool idle() const;

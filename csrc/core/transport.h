@@ -11,6 +11,8 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,6 +41,15 @@ class Transport {
   virtual bool supports(const CollectiveArgs& args) const = 0;
   // Runs a native collective to completion (blocking).
   virtual void run(const CollectiveArgs& args) = 0;
+  // Starts a native collective and calls `done` (on any thread) when it
+  // finishes.  Returns false if this transport cannot start ops
+  // asynchronously; then nothing was started.  Lets a lone native op skip
+  // the worker thread hand-off, which is most of hcomm's small-message cost.
+  virtual bool start(const CollectiveArgs& args, std::function<void(std::exception_ptr)> done) {
+    (void)args;
+    (void)done;
+    return false;
+  }
 
   virtual std::unique_ptr<Pending> isend(const Buffer& buf, int peer, int tag) = 0;
   // peer == -1: from any source (Pending::source() tells which).

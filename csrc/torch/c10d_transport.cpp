@@ -87,10 +87,10 @@ bool C10dTransport::supports(const CollectiveArgs& a) const {
   }
 }
 
-void C10dTransport::run(const CollectiveArgs& a) {
+c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
   const int64_t n = size_;
+  c10::intrusive_ptr<c10d::Work> work;
   guarded(library_, rank_, op_name(a.kind), [&] {
-    c10::intrusive_ptr<c10d::Work> work;
     switch (a.kind) {
       case OpKind::kAllReduce: {
         std::vector<at::Tensor> ts{from_buffer(a.input)};
@@ -175,8 +175,35 @@ void C10dTransport::run(const CollectiveArgs& a) {
       }
       default: throw Error(ErrorKind::kInvalidArgument, library_ + " has no native " + a.describe());
     }
-    work->wait(timeout_);
   });
+  return work;
+}
+
+void C10dTransport::run(const CollectiveArgs& a) {
+  auto work = issue(a);
+  guarded(library_, rank_, op_name(a.kind), [&] { work->wait(timeout_); });
+}
+
+bool C10dTransport::start(const CollectiveArgs& a, std::function<void(std::exception_ptr)> done) {
+  auto work = issue(a);
+  auto future = work->getFuture();
+  std::string library = library_;
+  const int rank = rank_;
+  const char* what = op_name(a.kind);
+  // The callback runs on the library's thread when the op completes; the
+  // Work is captured so it outlives the op.
+  future->addCallback([work, done = std::move(done), library, rank, what](c10::ivalue::Future& f) {
+    std::exception_ptr error;
+    if (f.hasError()) {
+      try {
+        guarded(library, rank, what, [&] { std::rethrow_exception(f.exception_ptr()); });
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    done(error);
+  });
+  return true;
 }
 
 std::unique_ptr<Pending> C10dTransport::isend(const Buffer& buf, int peer, int tag) {

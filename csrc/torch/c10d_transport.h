@@ -18,6 +18,7 @@ class C10dTransport final : public Transport {
   std::string library() const override { return library_; }
   bool supports(const CollectiveArgs& args) const override;
   void run(const CollectiveArgs& args) override;
+  bool start(const CollectiveArgs& args, std::function<void(std::exception_ptr)> done) override;
   std::unique_ptr<Pending> isend(const Buffer& buf, int peer, int tag) override;
   std::unique_ptr<Pending> irecv(const Buffer& buf, int peer, int tag) override;
   std::chrono::milliseconds timeout() const override { return timeout_; }
@@ -25,6 +26,7 @@ class C10dTransport final : public Transport {
 
  private:
   bool reduces_natively(DType dtype, ReduceOp op) const;
+  c10::intrusive_ptr<c10d::Work> issue(const CollectiveArgs& args);
 
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::chrono::milliseconds timeout_;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,10 +25,32 @@ struct LinkModel {
   double time(double bytes, double messages = 1) const { return messages * alpha + bytes / beta; }
 };
 
-// What an algorithm may use.  The hierarchical issue adds island and rail
-// transports here; flat algorithms only need `flat`.
+// The cluster as the hierarchical algorithms see it: islands (sets of ranks
+// on one fast fabric) of any sizes, this rank's island transport, and the
+// link model of each tier.  Absent (nullptr in AlgoContext) for one island.
+struct Hierarchy {
+  std::vector<std::vector<int>> islands;  // global ranks of each island, ascending
+  std::vector<int> island_of;             // global rank -> island index
+  std::vector<int> local_index;           // global rank -> index inside its island
+  std::shared_ptr<Transport> intra;       // this rank's island group (ranks = local indices)
+  LinkModel intra_link, inter_link;
+  // Relative inter-island bandwidth of each global rank; when `proportional`,
+  // a rank's shard of the cross-island exchange follows it (else equal shards).
+  std::vector<double> inter_weight;
+  bool proportional = false;
+  // How many of an island's ranks share one uplink (ranks on one host share
+  // its NIC): the cost model divides the inter bandwidth by it.
+  std::vector<int> uplink_sharing;  // per island
+
+  int my_island(int rank) const { return island_of[rank]; }
+  size_t count() const { return islands.size(); }
+};
+
+// What an algorithm may use: the flat group, and the hierarchy when the
+// group spans more than one island.
 struct AlgoContext {
   Transport* flat = nullptr;
+  const Hierarchy* hierarchy = nullptr;
   LinkModel flat_link;
   // Local reduction throughput (bytes/second) for the algorithms that reduce
   // received data themselves.

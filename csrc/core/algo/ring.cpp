@@ -6,6 +6,15 @@ namespace hcomm {
 
 void ring_reduce_scatter_inplace(Transport& t, const Buffer& work, const std::vector<int64_t>& counts,
                                  ReduceOp op, AlgoContext& ctx) {
+  ring_reduce_scatter_inplace_tagged(t, work, counts, op, ctx, kAlgoTag);
+}
+
+void ring_all_gather_inplace(Transport& t, const Buffer& out, const std::vector<int64_t>& counts) {
+  ring_all_gather_inplace_tagged(t, out, counts, kAlgoTag);
+}
+
+void ring_reduce_scatter_inplace_tagged(Transport& t, const Buffer& work, const std::vector<int64_t>& counts,
+                                        ReduceOp op, AlgoContext& ctx, int tag) {
   const int n = t.size(), r = t.rank();
   if (n == 1) return;
   const int right = (r + 1) % n, left = (r - 1 + n) % n;
@@ -20,8 +29,8 @@ void ring_reduce_scatter_inplace(Transport& t, const Buffer& work, const std::ve
     const int send_idx = ((r - s - 1) % n + n) % n;
     const int recv_idx = ((r - s - 2) % n + n) % n;
     std::unique_ptr<Pending> recv, send;
-    if (counts[recv_idx] > 0) recv = t.irecv(tmp.slice(0, counts[recv_idx]), left, kAlgoTag);
-    if (counts[send_idx] > 0) send = t.isend(work.slice(off[send_idx], counts[send_idx]), right, kAlgoTag);
+    if (counts[recv_idx] > 0) recv = t.irecv(tmp.slice(0, counts[recv_idx]), left, tag);
+    if (counts[send_idx] > 0) send = t.isend(work.slice(off[send_idx], counts[send_idx]), right, tag);
     if (recv) {
       recv->wait();
       kernels::reduce_into(work.slice(off[recv_idx], 0).data, tmp.data, counts[recv_idx], work.dtype, op);
@@ -30,7 +39,7 @@ void ring_reduce_scatter_inplace(Transport& t, const Buffer& work, const std::ve
   }
 }
 
-void ring_all_gather_inplace(Transport& t, const Buffer& out, const std::vector<int64_t>& counts) {
+void ring_all_gather_inplace_tagged(Transport& t, const Buffer& out, const std::vector<int64_t>& counts, int tag) {
   const int n = t.size(), r = t.rank();
   if (n == 1) return;
   const int right = (r + 1) % n, left = (r - 1 + n) % n;
@@ -39,8 +48,8 @@ void ring_all_gather_inplace(Transport& t, const Buffer& out, const std::vector<
     const int send_idx = ((r - s) % n + n) % n;
     const int recv_idx = ((r - s - 1) % n + n) % n;
     std::unique_ptr<Pending> recv, send;
-    if (counts[recv_idx] > 0) recv = t.irecv(out.slice(off[recv_idx], counts[recv_idx]), left, kAlgoTag);
-    if (counts[send_idx] > 0) send = t.isend(out.slice(off[send_idx], counts[send_idx]), right, kAlgoTag);
+    if (counts[recv_idx] > 0) recv = t.irecv(out.slice(off[recv_idx], counts[recv_idx]), left, tag);
+    if (counts[send_idx] > 0) send = t.isend(out.slice(off[send_idx], counts[send_idx]), right, tag);
     if (recv) recv->wait();
     if (send) send->wait();
   }

@@ -18,6 +18,11 @@ void ring_reduce_scatter_inplace(Transport& t, const Buffer& work, const std::ve
 // `out` holds this rank's block at offsets[rank]; afterwards every block.
 void ring_all_gather_inplace(Transport& t, const Buffer& out, const std::vector<int64_t>& counts);
 
+// The same with an explicit message tag, for stages that run concurrently.
+void ring_reduce_scatter_inplace_tagged(Transport& t, const Buffer& work, const std::vector<int64_t>& counts,
+                                        ReduceOp op, AlgoContext& ctx, int tag);
+void ring_all_gather_inplace_tagged(Transport& t, const Buffer& out, const std::vector<int64_t>& counts, int tag);
+
 // Ring cost terms: (n-1) steps moving `bytes_per_step` each.
 double ring_cost(const LinkModel& link, int n, double total_bytes);
 

@@ -11,6 +11,10 @@ const std::vector<const Algorithm*>& algorithm_table() {
   // Order is preference on equal cost: the vendor's own collective first.
   static const std::vector<const Algorithm*> table = {
       &native_algorithm(),
+      &hier_all_reduce_algorithm(),
+      &hier_reduce_scatter_algorithm(),
+      &hier_all_gather_algorithm(),
+      &hier_broadcast_algorithm(),
       &ring_all_reduce_algorithm(),
       &ring_reduce_scatter_algorithm(),
       &ring_all_gather_algorithm(),

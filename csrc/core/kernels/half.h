@@ -1,37 +1,48 @@
 // Scalar conversions between float and the 16-bit float formats, portable C++
-// (no F16C needed): the vectorised kernels use these for their tails and the
-// portable fallback uses them throughout.
+// (no F16C needed): the vectorised kernels use these for their tails, the
+// portable fallback uses them throughout, and the CUDA kernels use them too
+// (HCOMM_HD), so every path rounds to the same bits, NaN payloads included.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+#include "core/kernels/hd.h"
+
 namespace hcomm {
 namespace kernels {
 
-inline float bits_to_float(uint32_t bits) {
+HCOMM_HD float bits_to_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+#endif
 }
 
-inline uint32_t float_to_bits(float f) {
+HCOMM_HD uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
+#endif
 }
 
-inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+HCOMM_HD float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 
 // Round to nearest even, NaN stays NaN (quiet), like torch's conversion.
-inline uint16_t float_to_bf16(float f) {
+HCOMM_HD uint16_t float_to_bf16(float f) {
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
   uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>((u + rounding) >> 16);
 }
 
-inline float fp16_to_float(uint16_t h) {
+HCOMM_HD float fp16_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t man = h & 0x3ffu;
@@ -46,7 +57,7 @@ inline float fp16_to_float(uint16_t h) {
 }
 
 // Round to nearest even with overflow to inf, as IEEE and torch do.
-inline uint16_t float_to_fp16(float f) {
+HCOMM_HD uint16_t float_to_fp16(float f) {
   uint32_t u = float_to_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;

@@ -1,5 +1,7 @@
-// Portable reduction kernels: plain loops the compiler vectorises for the
-// build's baseline ISA; correct on any x86-64 or aarch64.
+// Portable reduction kernels for every dtype: plain loops the compiler
+// vectorises for the build's baseline ISA; correct on any x86-64 or aarch64.
+// reduce.cpp sends fp32/bf16/fp16 to the dispatched vector kernels and
+// everything else (integers, bool, fp64) here.
 #include <algorithm>
 #include <type_traits>
 #include <cmath>
@@ -103,7 +105,7 @@ void divide_half(void* data_v, int64_t n, int64_t divisor) {
 
 }  // namespace
 
-void reduce_into(void* acc, const void* src, int64_t n, DType dtype, ReduceOp op) {
+void reduce_into_generic(void* acc, const void* src, int64_t n, DType dtype, ReduceOp op) {
   if (n <= 0) return;
   switch (dtype) {
     case DType::kFloat32: return reduce_typed<float>(acc, src, n, op);

@@ -1,0 +1,59 @@
+// Building blocks of the hierarchical algorithms: partitions of a buffer
+// among an island's ranks, their overlaps across islands, and the
+// cross-island exchange of overlapping pieces.
+//
+// Islands may differ in size (3+2+1).  Each island splits the buffer (or a
+// region of it) among its own ranks; a piece of data is then owned by one
+// rank per island, and the owners of the same element in different islands
+// exchange it directly.  No island waits on a root-only path, and every byte
+// crosses the slow tier once per destination island.
+#pragma once
+
+#include <vector>
+
+#include "core/algo/algorithm.h"
+
+namespace hcomm {
+
+struct Range {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end > begin ? end - begin : 0; }
+};
+
+// Splits [begin, end) among an island's ranks: equal shares, or shares
+// proportional to each rank's inter-island weight when the hierarchy asks.
+std::vector<Range> island_partition(const Hierarchy& h, int island, Range whole);
+
+// Intersection of two ranges (empty when disjoint).
+Range overlap(Range a, Range b);
+
+// Tags keep concurrent pipeline stages apart on the same pair of ranks.
+constexpr int kTagIntraRS = kAlgoTag + 1;
+constexpr int kTagIntraAG = kAlgoTag + 2;
+constexpr int kTagInter = kAlgoTag + 3;
+
+// Cross-island all-reduce of this rank's range `mine` (a slice of `buf`):
+// exchanges overlapping pieces with the owners in every other island (as
+// given by `partitions[island][local]`) and reduces them in island order,
+// so every owner of an element computes bitwise the same result.
+void inter_island_all_reduce(Transport& flat, const Hierarchy& h, const Buffer& buf,
+                             const std::vector<std::vector<Range>>& partitions, ReduceOp op,
+                             std::vector<uint8_t>& scratch, size_t* bytes_sent);
+
+}  // namespace hcomm
+
+namespace hcomm {
+
+// Whether every island is a contiguous run of global ranks (how torchrun and
+// the emulator number them); the hierarchical gather/scatter family needs it
+// so an island's blocks form one range of the buffer.
+bool islands_contiguous(const Hierarchy& h);
+
+// Runs `args` on `t` alone (no hierarchy): the library's native collective
+// when it has one, else hcomm's flat algorithm.  For the intra-island phases.
+void run_flat(Transport& t, const CollectiveArgs& args, AlgoContext& parent, OpRecord& record);
+
+// Element range of island `i`'s blocks, given per-global-rank counts.
+Range island_range(const Hierarchy& h, int island, const std::vector<int64_t>& offsets);
+
+}  // namespace hcomm

@@ -1,0 +1,225 @@
+// "hier": hierarchical all-reduce for islands of any sizes.
+//
+//   1. reduce-scatter inside each island (ring over the island's library),
+//   2. all-reduce of each shard across islands, owners matched by overlap
+//      (hier.h), so uneven islands (3+1, 3+2+1) need no root-only path,
+//   3. all-gather inside each island.
+//
+// Large buffers are cut into chunks that flow through the three stages on
+// three threads, so the fast intra-island tier works on chunk k+1 while the
+// slow inter-island tier carries chunk k.  Stages use distinct tags, so
+// their messages never match each other's.
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "core/algo/cost.h"
+#include "core/algo/hier.h"
+#include "core/algo/registry.h"
+#include "core/algo/ring.h"
+#include "core/error.h"
+#include "core/kernels/reduce.h"
+
+namespace hcomm {
+namespace {
+
+constexpr int64_t kMinChunkBytes = 256 << 10;
+constexpr int kMaxChunks = 16;
+
+// Predicted seconds for one chunk's stages: intra RS, inter exchange, intra AG.
+struct StageTimes {
+  double rs = 0, inter = 0, ag = 0;
+};
+
+StageTimes stage_times(const Hierarchy& h, double bytes) {
+  StageTimes t;
+  for (size_t i = 0; i < h.count(); ++i) {
+    const int s = static_cast<int>(h.islands[i].size());
+    const double rs = ring_cost(h.intra_link, s, bytes);
+    t.rs = std::max(t.rs, rs);
+    t.ag = std::max(t.ag, rs);
+    // The island's uplink carries each shard once per other island; ranks
+    // that share it divide its bandwidth.
+    const int sharing = h.uplink_sharing.empty() ? 1 : std::max(1, h.uplink_sharing[i]);
+    const double out_bytes = bytes / s * sharing * (h.count() - 1);
+    t.inter = std::max(t.inter, h.inter_link.alpha * (h.count() - 1) + out_bytes / h.inter_link.beta);
+  }
+  return t;
+}
+
+double pipelined(const StageTimes& per_chunk, int chunks) {
+  const double slowest = std::max(per_chunk.rs, std::max(per_chunk.inter, per_chunk.ag));
+  return per_chunk.rs + per_chunk.inter + per_chunk.ag + (chunks - 1) * slowest;
+}
+
+int best_chunks(const Hierarchy& h, double bytes) {
+  int best = 1;
+  double best_t = pipelined(stage_times(h, bytes), 1);
+  for (int c = 2; c <= kMaxChunks; c *= 2) {
+    if (bytes / c < kMinChunkBytes) break;
+    double t = pipelined(stage_times(h, bytes / c), c);
+    if (t < best_t) best = c, best_t = t;
+  }
+  return best;
+}
+
+// A one-shot progress counter a stage waits on, with failure propagation.
+struct Progress {
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  bool failed = false;
+  void advance() {
+    { std::lock_guard<std::mutex> l(mu); ++done; }
+    cv.notify_all();
+  }
+  void fail() {
+    { std::lock_guard<std::mutex> l(mu); failed = true; }
+    cv.notify_all();
+  }
+  bool wait_for(int k) {  // true when chunk k is done, false when a stage failed
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done > k || failed; });
+    return done > k;
+  }
+};
+
+class HierAllReduce final : public Algorithm {
+ public:
+  const char* name() const override { return "hier"; }
+  const char* description() const override {
+    return "hierarchical: intra-island reduce-scatter, cross-island exchange of overlapping shards, "
+           "intra-island all-gather; chunk-pipelined; uneven islands";
+  }
+  bool supports(const CollectiveArgs& args, const AlgoContext& ctx, std::string* why) const override {
+    if (args.kind != OpKind::kAllReduce) {
+      if (why) why->clear();
+      return false;
+    }
+    if (ctx.hierarchy == nullptr || ctx.hierarchy->count() < 2) {
+      if (why) *why = "the group spans one island";
+      return false;
+    }
+    if (args.input.device != DeviceKind::kCPU) {
+      if (why) *why = "device buffers need host staging, not implemented yet";
+      return false;
+    }
+    return reduce_supported(args.input.dtype, args.reduce, why);
+  }
+  double cost(const CollectiveArgs& args, const AlgoContext& ctx) const override {
+    const Hierarchy& h = *ctx.hierarchy;
+    const double bytes = static_cast<double>(args.input.bytes());
+    const int c = best_chunks(h, bytes);
+    return pipelined(stage_times(h, bytes / c), c) + bytes / ctx.reduce_bandwidth;
+  }
+  void run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& record) const override;
+};
+
+void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& record) const {
+  const Hierarchy& h = *ctx.hierarchy;
+  Transport& flat = *ctx.flat;
+  Transport& intra = *h.intra;
+  const int rank = flat.rank();
+  const int me = h.island_of[rank];
+  const int local = h.local_index[rank];
+  const Buffer buf = args.input;
+  const int chunks = best_chunks(h, static_cast<double>(buf.bytes()));
+  const std::vector<int64_t> chunk_counts = even_counts(buf.count, chunks);
+  const std::vector<int64_t> chunk_off = offsets_of(chunk_counts);
+  record.chunk_bytes = static_cast<size_t>(chunk_counts.empty() ? 0 : chunk_counts[0]) * dtype_size(buf.dtype);
+
+  // Per chunk, each island's partition of it; the reduce-scatter inside the
+  // island leaves rank `local` with its range reduced over the island.
+  auto partitions_of = [&](int k) {
+    std::vector<std::vector<Range>> parts(h.count());
+    Range whole{chunk_off[k], chunk_off[k] + chunk_counts[k]};
+    for (size_t i = 0; i < h.count(); ++i) parts[i] = island_partition(h, static_cast<int>(i), whole);
+    return parts;
+  };
+  auto local_counts = [&](const std::vector<Range>& mine) {
+    std::vector<int64_t> c;
+    for (const Range& r : mine) c.push_back(r.size());
+    return c;
+  };
+
+  size_t intra_bytes = 0, inter_bytes = 0;
+  double rs_s = 0, inter_s = 0, ag_s = 0;
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
+  Progress rs_done, x_done;
+  std::exception_ptr rs_error, x_error;
+
+  std::thread rs_thread([&] {
+    std::vector<uint8_t> scratch;
+    AlgoContext local_ctx = ctx;
+    local_ctx.scratch = &scratch;
+    try {
+      for (int k = 0; k < chunks; ++k) {
+        auto t0 = clock::now();
+        auto parts = partitions_of(k);
+        Buffer c = buf.slice(chunk_off[k], chunk_counts[k]);
+        ring_reduce_scatter_inplace_tagged(intra, c, local_counts(parts[me]), args.reduce, local_ctx, kTagIntraRS);
+        intra_bytes += c.bytes() - static_cast<size_t>(parts[me][local].size()) * dtype_size(buf.dtype);
+        rs_s += secs(t0);
+        rs_done.advance();
+      }
+    } catch (...) {
+      rs_error = std::current_exception();
+      rs_done.fail();
+    }
+  });
+  std::thread x_thread([&] {
+    std::vector<uint8_t> scratch;
+    try {
+      for (int k = 0; k < chunks; ++k) {
+        if (!rs_done.wait_for(k)) throw Error(ErrorKind::kRuntime, "hcomm: hier all_reduce: intra-island stage failed");
+        auto t0 = clock::now();
+        auto parts = partitions_of(k);
+        inter_island_all_reduce(flat, h, buf, parts, args.reduce, scratch, &inter_bytes);
+        if (args.reduce == ReduceOp::kAvg) {
+          Range mine = parts[me][local];
+          kernels::divide_by(buf.slice(mine.begin, 0).data, mine.size(), buf.dtype, flat.size());
+        }
+        inter_s += secs(t0);
+        x_done.advance();
+      }
+    } catch (...) {
+      x_error = std::current_exception();
+      x_done.fail();
+    }
+  });
+  std::exception_ptr ag_error;
+  try {
+    for (int k = 0; k < chunks; ++k) {
+      if (!x_done.wait_for(k)) break;
+      auto t0 = clock::now();
+      auto parts = partitions_of(k);
+      Buffer c = buf.slice(chunk_off[k], chunk_counts[k]);
+      ring_all_gather_inplace_tagged(intra, c, local_counts(parts[me]), kTagIntraAG);
+      ag_s += secs(t0);
+    }
+  } catch (...) {
+    ag_error = std::current_exception();
+    rs_done.fail();
+    x_done.fail();
+  }
+  rs_thread.join();
+  x_thread.join();
+  if (rs_error) std::rethrow_exception(rs_error);
+  if (x_error) std::rethrow_exception(x_error);
+  if (ag_error) std::rethrow_exception(ag_error);
+  intra_bytes *= 2;  // the all-gather moves what the reduce-scatter did
+  record.tiers.push_back({"intra", intra_bytes, rs_s + ag_s});
+  record.tiers.push_back({"inter", inter_bytes, inter_s});
+}
+
+}  // namespace
+
+const Algorithm& hier_all_reduce_algorithm() {
+  static const HierAllReduce instance;
+  return instance;
+}
+
+}  // namespace hcomm

@@ -1,0 +1,182 @@
+"""``run(spec, argv)``: one torchrun per emulated node, inside its namespace.
+
+Rendezvous is torchrun's c10d backend at node 0's uplink address.  Each
+torchrun gets ``--local-addr`` = its node's address; c10d orders nodes by that
+string and the addresses are chosen so string order is spec order (see
+:func:`hcomm.emulate.netns.node_ip`), so global ranks follow the spec; the
+rank wrapper refuses to run if they do not.
+
+Output: rank lines arrive prefixed ``[node rN]`` by the wrapper; the agents'
+own lines are prefixed ``[node torchrun]`` here.  When any node fails, the
+others get a grace period to fail on their own (a dead peer breaks their
+collectives) and are then terminated.  The exit code is the first failing
+rank's (by the time its process ended; 128+signal for a signal), and the
+launcher says which rank failed and why.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Tuple, Union
+
+from hcomm.emulate import rankwrap
+from hcomm.emulate.cluster import Cluster, _env_with_hcomm
+from hcomm.emulate.spec import ClusterSpec
+from hcomm.emulate.units import fmt_memory
+from hcomm.settings import declare
+
+HCOMM_EMU_PORT = declare("HCOMM_EMU_PORT", 29400,
+                         "TCP port of the c10d rendezvous on node 0 of an emulated cluster")
+HCOMM_EMU_GRACE = declare("HCOMM_EMU_GRACE", 10.0,
+                          "seconds the other nodes get to stop after one emulated node failed")
+
+_UNSHAPED_BANNER = """\
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!! hcomm emulate --unshaped: every node runs on localhost.                 !!
+!! Links, latencies, compute speeds and memory limits are NOT emulated;   !!
+!! only the rank layout and the HCOMM_EMU_* variables are.                 !!
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"""
+
+
+def node_command(cluster: Cluster, node_index: int, argv: List[str], port: int) -> List[str]:
+    spec = cluster.spec
+    node = spec.nodes[node_index]
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={len(spec.nodes)}", f"--nproc-per-node={len(node.ranks)}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={cluster.ip(0)}:{port}", f"--rdzv-id=hce-{cluster.run_id}",
+        # Say who hosts the store: torchrun's guess compares the endpoint with
+        # the host name, which knows nothing of the namespaces' addresses.
+        f"--rdzv-conf=is_host={1 if node_index == 0 else 0}",
+        f"--local-addr={cluster.local_addr(node_index)}",
+        "--max-restarts=0", "--no-python",
+        sys.executable, "-m", "hcomm.emulate.rankwrap", "--"] + list(argv)
+
+
+def node_env(cluster: Cluster, node_index: int) -> Dict[str, str]:
+    node = cluster.spec.nodes[node_index]
+    env = _env_with_hcomm(os.environ)
+    env.update(HCOMM_EMU_NODE=node.name, HCOMM_EMU_ISLAND=node.island,
+               HCOMM_EMU_VENDOR=node.vendor, HCOMM_EMU_CLUSTER=cluster.spec_path,
+               HCOMM_EMU_RUN="" if cluster.unshaped else cluster.run_id,
+               GLOO_SOCKET_IFNAME=cluster.ifname(node_index))
+    # One thread per rank unless the user says otherwise: the speed quotas
+    # assume a rank does not spread over cores it does not own.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _pump(stream, node_name: str, out) -> None:
+    marker = f"[{node_name} r"
+    for line in iter(stream.readline, ""):
+        if not line.startswith(marker):
+            line = f"[{node_name} torchrun] {line}"
+        out.write(line)
+        out.flush()
+
+
+def describe_failure(spec: ClusterSpec, record: dict) -> Tuple[int, str]:
+    """(exit code, sentence) for one rank's exit record."""
+    rank = record["rank"]
+    code = record["returncode"]
+    memory = spec.ranks[rank].memory_bytes
+    if code < 0 and -code == signal.SIGKILL and record.get("oom_kills", 0) > 0:
+        return 128 + 9, (f"rank {rank} exceeded its {fmt_memory(memory)} emulated memory "
+                         f"(killed by the OOM killer; peak {fmt_memory(record.get('max_usage', 0))})")
+    if code < 0:
+        name = signal.Signals(-code).name
+        return 128 - code, f"rank {rank} (node {record['node']}) was killed by signal {name}"
+    return code, f"rank {rank} (node {record['node']}) exited with code {code}"
+
+
+def first_failure(spec: ClusterSpec, run_dir: str) -> Optional[Tuple[int, str]]:
+    records = []
+    for path in glob.glob(os.path.join(run_dir, "rank*.exit.json")):
+        with open(path) as f:
+            rec = json.load(f)
+        if rec["returncode"] != 0:
+            records.append(rec)
+    if not records:
+        return None
+    return describe_failure(spec, min(records, key=lambda r: r["time"]))
+
+
+def _wait_all(procs: List[subprocess.Popen], grace: float) -> None:
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            return
+        time.sleep(0.05)
+
+
+def run_on(cluster: Cluster, argv: List[str], out=None) -> int:
+    """Run ``argv`` on every rank of a cluster that is already up."""
+    out = out or sys.stdout
+    if cluster.unshaped:
+        print(_UNSHAPED_BANNER, file=sys.stderr, flush=True)
+    port = HCOMM_EMU_PORT.get()
+    procs, pumps = [], []
+    try:
+        for i, node in enumerate(cluster.spec.nodes):
+            p = subprocess.Popen(node_command(cluster, i, argv, port), env=node_env(cluster, i),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 # Launcher SIGKILLed: torchrun gets SIGTERM and
+                                 # stops its workers; `down` removes the rest.
+                                 preexec_fn=cluster.preexec(i, signal.SIGTERM))
+            procs.append(p)
+            t = threading.Thread(target=_pump, args=(p.stdout, node.name, out), daemon=True)
+            t.start()
+            pumps.append(t)
+        _wait_all(procs, HCOMM_EMU_GRACE.get())
+    finally:
+        for p in procs:  # Ctrl-C or an error here: stop the nodes before teardown
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for t in pumps:
+            t.join(timeout=5)
+    failure = first_failure(cluster.spec, os.path.dirname(cluster.spec_path))
+    if failure is not None:
+        code, why = failure
+        print(f"hcomm emulate: {why}", file=sys.stderr, flush=True)
+        return code
+    bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
+    if bad:  # torchrun itself failed (rendezvous, bad arguments) before any rank ran
+        i, code = bad[0]
+        print(f"hcomm emulate: torchrun on node {cluster.spec.nodes[i].name} failed with "
+              f"exit code {code} before its ranks finished", file=sys.stderr, flush=True)
+        return code if code > 0 else 128 - code
+    return 0
+
+
+def run(spec: Union[str, ClusterSpec, None], argv: List[str], unshaped: bool = False,
+        out=None) -> int:
+    """Bring ``spec`` up, run ``argv`` on every rank, tear down; the exit code."""
+    with Cluster(spec, unshaped=unshaped) as cluster:
+        return run_on(cluster, argv, out=out)

@@ -1,0 +1,142 @@
+"""Small measurement programs that ``check`` runs inside nodes and rank cgroups.
+
+``python -m hcomm.emulate.probes MODE ARGS``; each prints one JSON line.
+Plain sockets and a pure-Python loop, so checking needs no extra tools
+(no iperf3) and measures what a Python rank would see.
+
+  sink PORT                 receive one TCP stream; rate over its last 75%
+                            (slow start and the first burst left out)
+  send HOST PORT NBYTES     send NBYTES as fast as TCP allows
+  echo PORT                 echo 1-byte messages (latency partner)
+  ping HOST PORT COUNT      TCP_NODELAY ping-pong round trips
+  compute START SECONDS     fixed single-thread integer loop from wall time
+                            START for SECONDS; iterations done
+  alloc NBYTES              touch NBYTES of memory in 32 MiB steps
+"""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from typing import List
+
+
+def _listen(port: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.listen(1)
+    print(json.dumps({"listening": port}), flush=True)
+    return s
+
+
+def sink(port: int) -> dict:
+    conn, _ = _listen(port).accept()
+    marks = []  # (time, bytes so far)
+    total = 0
+    while True:
+        chunk = conn.recv(1 << 20)
+        if not chunk:
+            break
+        total += len(chunk)
+        marks.append((time.perf_counter(), total))
+    start = next(m for m in marks if m[1] >= total * 0.25)
+    rate = (total - start[1]) / max(1e-9, marks[-1][0] - start[0])
+    return {"bytes": total, "rate": rate}
+
+
+def send(host: str, port: int, nbytes: int) -> dict:
+    conn = _connect(host, port)
+    block = b"\x5a" * (1 << 20)
+    sent = 0
+    while sent < nbytes:
+        n = min(len(block), nbytes - sent)
+        conn.sendall(block[:n])
+        sent += n
+    conn.close()
+    return {"sent": sent}
+
+
+def _connect(host: str, port: int) -> socket.socket:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=10)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def echo(port: int) -> dict:
+    conn, _ = _listen(port).accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    n = 0
+    while True:
+        b = conn.recv(64)
+        if not b:
+            return {"echoed": n}
+        conn.sendall(b)
+        n += 1
+
+
+def ping(host: str, port: int, count: int) -> dict:
+    conn = _connect(host, port)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts: List[float] = []
+    for i in range(count + 3):
+        t = time.perf_counter()
+        conn.sendall(b"p")
+        conn.recv(64)
+        if i >= 3:  # the first exchanges still warm caches and the wire's heap
+            rtts.append(time.perf_counter() - t)
+    rtts.sort()
+    return {"rtt_median": rtts[len(rtts) // 2], "rtt_min": rtts[0]}
+
+
+def compute(start: float, seconds: float) -> dict:
+    while time.time() < start:
+        time.sleep(0.001)
+    end = start + seconds
+    x, iters = 1, 0
+    while time.time() < end:
+        for _ in range(2000):  # fixed work between clock reads
+            x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+        iters += 2000
+    return {"iters": iters, "seconds": time.time() - start}
+
+
+def alloc(nbytes: int) -> dict:
+    held = []
+    step = 32 << 20
+    done = 0
+    while done < nbytes:
+        held.append(b"\x01" * min(step, nbytes - done))  # bytes(...) of 1s: pages touched
+        done += len(held[-1])
+    return {"allocated": done}
+
+
+def main(argv: List[str]) -> int:
+    mode, args = argv[0], argv[1:]
+    if mode == "sink":
+        result = sink(int(args[0]))
+    elif mode == "send":
+        result = send(args[0], int(args[1]), int(args[2]))
+    elif mode == "echo":
+        result = echo(int(args[0]))
+    elif mode == "ping":
+        result = ping(args[0], int(args[1]), int(args[2]))
+    elif mode == "compute":
+        result = compute(float(args[0]), float(args[1]))
+    elif mode == "alloc":
+        result = alloc(int(args[0]))
+    else:
+        print(f"unknown probe {mode!r}", file=sys.stderr)
+        return 2
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""What torchrun starts for each rank: cgroup, emulated-hardware env, output prefix.
+
+torchrun spawns the workers itself, so the launcher runs torchrun with
+``--no-python python -m hcomm.emulate.rankwrap -- USER COMMAND``.  For its
+``RANK`` this wrapper
+
+* checks the rank torchrun assigned matches the spec's node order,
+* exports the rank's ``HCOMM_EMU_DEVICE`` / ``_SPEED`` / ``_MEMORY`` (the node's
+  ``HCOMM_EMU_NODE`` / ``_ISLAND`` / ``_VENDOR`` / ``_CLUSTER`` and
+  ``GLOO_SOCKET_IFNAME`` come from the launcher),
+* starts the user command as a child that moves itself into the rank's
+  cgroups *before* ``exec`` (so not a byte of it escapes the memory limit,
+  while this wrapper's own few MB stay outside),
+* prefixes each output line with ``[node rN]``,
+* records how the child ended (exit code or signal, and a time stamp) in the
+  run folder, so the launcher can name the *first* failing rank and tell a
+  memory-limit kill from any other SIGKILL, and exits the same way.
+
+SIGTERM/SIGINT from torchrun are forwarded to the child.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import List
+
+from hcomm.emulate import cgroups
+from hcomm.emulate.spec import load_file
+from hcomm.settings import declare
+
+HCOMM_EMU_NODE = declare("HCOMM_EMU_NODE", "", "emulated node of this rank (set by hcomm emulate run)")
+HCOMM_EMU_ISLAND = declare("HCOMM_EMU_ISLAND", "", "island of this rank (set by hcomm emulate run)")
+HCOMM_EMU_VENDOR = declare("HCOMM_EMU_VENDOR", "", "vendor library label of this rank's island, e.g. nccl, hccl, gloo (set by hcomm emulate run)")
+HCOMM_EMU_DEVICE = declare("HCOMM_EMU_DEVICE", "", "emulated device kind of this rank, e.g. A100, 910B (set by hcomm emulate run)")
+HCOMM_EMU_SPEED = declare("HCOMM_EMU_SPEED", 1.0, "relative compute speed of this rank, 0 < s <= 1 (set by hcomm emulate run)")
+HCOMM_EMU_MEMORY = declare("HCOMM_EMU_MEMORY", 0, "emulated device memory of this rank in bytes; its cgroup memory limit (set by hcomm emulate run)")
+HCOMM_EMU_CLUSTER = declare("HCOMM_EMU_CLUSTER", "", "path of the resolved cluster spec (YAML: bandwidth in B/s, latency one-way per uplink) (set by hcomm emulate run)")
+HCOMM_EMU_RUN = declare("HCOMM_EMU_RUN", "", "run id of the emulated cluster; empty with --unshaped (set by hcomm emulate run, internal)")
+
+
+def exit_record_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"rank{rank}.exit.json")
+
+
+def _pump(src, dst, prefix: bytes) -> None:
+    for line in iter(src.readline, b""):
+        dst.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+        dst.flush()
+
+
+def main(argv: List[str]) -> int:
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("hcomm.emulate.rankwrap: no command given", file=sys.stderr)
+        return 2
+    spec_path = HCOMM_EMU_CLUSTER.get()
+    run_id = HCOMM_EMU_RUN.get()
+    spec = load_file(spec_path)
+    rank = int(os.environ["RANK"])
+    node = spec.nodes[[n.name for n in spec.nodes].index(HCOMM_EMU_NODE.get())]
+    me = node.ranks[int(os.environ["LOCAL_RANK"])]
+    if me.rank != rank:
+        print(f"hcomm emulate: torchrun gave node {node.name} local rank "
+              f"{os.environ['LOCAL_RANK']} global RANK={rank}, but the spec numbers it "
+              f"{me.rank}; refusing to run with a rank order that differs from the spec",
+              file=sys.stderr)
+        return 3
+    env = dict(os.environ)
+    env.update(HCOMM_EMU_DEVICE=me.device, HCOMM_EMU_SPEED=repr(me.speed),
+               HCOMM_EMU_MEMORY=str(me.memory_bytes))
+
+    def _enter_cgroup() -> None:  # runs in the child between fork and exec
+        if run_id:
+            cgroups.join(run_id, rank)
+
+    prefix = f"[{node.name} r{rank}] ".encode()
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=_enter_cgroup)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: child.send_signal(s))
+    pumps = [threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, prefix)),
+             threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, prefix))]
+    for t in pumps:
+        t.daemon = True
+        t.start()
+    code = child.wait()
+    ended = time.time()
+    for t in pumps:
+        t.join(timeout=5)
+    record = {"rank": rank, "node": node.name, "returncode": code, "time": ended,
+              "oom_kills": cgroups.oom_kills(run_id, rank) if run_id else 0,
+              "max_usage": cgroups.max_usage(run_id, rank) if run_id else 0}
+    run_dir = os.path.dirname(spec_path)
+    with open(exit_record_path(run_dir, rank), "w") as f:
+        json.dump(record, f)
+    if code < 0:  # die the same way so torchrun reports the real signal
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

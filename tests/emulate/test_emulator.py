@@ -1,0 +1,108 @@
+"""Emulated-cluster tests: need root, iproute2, tc and cgroup v1 (CI has them)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hcomm.emulate import Cluster, load_spec, state
+from hcomm.emulate.check import check_compute, check_links
+
+from helpers import REPO, hcomm_cli, leftovers
+
+pytestmark = pytest.mark.emulator
+SMALL = os.path.join(os.path.dirname(__file__), "small.yaml")
+
+
+def test_up_down_leaves_nothing(emulator):
+    with Cluster(SMALL) as c:
+        run_id = c.run_id
+        assert len([ns for ns in state.list_netns() if run_id in ns]) == 2
+        assert os.path.isdir(f"/sys/fs/cgroup/memory/hcomm/{run_id}/rank1")
+        qd = subprocess.run(["ip", "netns", "exec", c.netns(1), "tc", "qdisc"],
+                            capture_output=True, text=True).stdout
+        assert "tbf" in qd and "ingress" in qd
+        c.up()  # idempotent
+        assert c.run_id == run_id
+    assert leftovers(run_id) == []
+
+
+def test_sigkilled_launcher_is_cleaned_by_down(emulator):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "hcomm", "emulate", "up", "--cluster", SMALL],
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    line = proc.stdout.readline()
+    assert "is up as run" in line, line
+    run_id = line.split("is up as run ")[1].split(":")[0]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.5)
+    # The wire (and its TUNs) died with the launcher; namespaces, cgroups and
+    # the state file remain until `down` (or the next `up`) reaps them.
+    left = leftovers(run_id)
+    assert any(x.startswith("hce-") for x in left) and "state file" in left, left
+    out = hcomm_cli("down")
+    assert out.returncode == 0, out.stderr
+    assert leftovers(run_id) == []
+
+
+def test_links_and_compute_within_tolerance(emulator):
+    with Cluster(SMALL) as c:
+        rows = check_links(c)
+        speed_rows, _ = check_compute(c, seconds=2.0)
+    bad = [r.cells() for r in rows + speed_rows if not r.ok]
+    assert not bad, bad
+    assert len(rows) == 3 and len(speed_rows) == 2
+
+
+def test_two_node_torchrun_job_sees_its_env(emulator):
+    out = hcomm_cli("run", "--cluster", "two-islands", "--", sys.executable,
+                    os.path.join(REPO, "tests/emulate/envcheck.py"), timeout=170)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    envs = {}
+    for line in out.stdout.splitlines():
+        if "] ENV " in line:
+            prefix, payload = line.split("] ENV ", 1)
+            env = json.loads(payload)
+            envs[int(env["RANK"])] = env
+            assert prefix == f"[{env['HCOMM_EMU_NODE']} r{env['RANK']}"
+    spec = load_spec("two-islands")
+    assert sorted(envs) == [0, 1, 2, 3]
+    for r in spec.ranks:
+        e = envs[r.rank]
+        assert (e["HCOMM_EMU_NODE"], e["HCOMM_EMU_ISLAND"], e["HCOMM_EMU_VENDOR"],
+                e["HCOMM_EMU_DEVICE"]) == (r.node, r.island, r.vendor, r.device)
+        assert float(e["HCOMM_EMU_SPEED"]) == r.speed
+        assert int(e["HCOMM_EMU_MEMORY"]) == r.memory_bytes
+        assert e["LOCAL_RANK"] == str(r.local_rank) and e["WORLD_SIZE"] == "4"
+        assert e["GLOO_SOCKET_IFNAME"].startswith("hcv")
+        assert e["HCOMM_EMU_CLUSTER"].endswith("cluster.yaml")
+
+
+_ALLOC = ("import os\nif os.environ['RANK'] == '1':\n"
+          "    x = [b'1' * (32 << 20) for _ in range(40)]\nprint('done')")
+
+
+def test_memory_limit_kill_is_reported(emulator):
+    out = hcomm_cli("run", "--cluster", SMALL, "--", sys.executable, "-c", _ALLOC)
+    assert out.returncode == 137, out.stdout + out.stderr
+    assert "rank 1 exceeded its 400 MiB emulated memory" in out.stderr
+    assert "[p0 r0] done" in out.stdout
+
+
+def test_first_failing_rank_exit_code(emulator):
+    code = "import os, sys\nsys.exit(7 if os.environ['RANK'] == '1' else 0)"
+    out = hcomm_cli("run", "--cluster", SMALL, "--", sys.executable, "-c", code)
+    assert out.returncode == 7, out.stdout + out.stderr
+    assert "rank 1 (node q0) exited with code 7" in out.stderr
+
+
+def test_unshaped_says_nothing_is_emulated():
+    code = "import os\nprint('ENV', os.environ['RANK'], os.environ['HCOMM_EMU_DEVICE'])"
+    out = hcomm_cli("run", "--unshaped", "--cluster", SMALL, "--", sys.executable, "-c", code)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "NOT emulated" in out.stderr
+    assert "[p0 r0] ENV 0 A100" in out.stdout and "[q0 r1] ENV 1 V100" in out.stdout
