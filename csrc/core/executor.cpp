@@ -33,12 +33,32 @@ std::shared_ptr<Request> Executor::try_direct(const DirectStart& start, OpRecord
   auto request = std::make_shared<Request>();
   auto begin = std::chrono::steady_clock::now();
   auto recorder = recorder_;
-  auto done = [request, record, begin, recorder](std::exception_ptr error) mutable {
+  {
+    std::lock_guard<std::mutex> dlock(direct_mu_);
+    ++direct_in_flight_;
+  }
+  auto done = [this, request, record, begin, recorder](std::exception_ptr error) mutable {
     record.seconds = seconds_since(begin);
     if (recorder) recorder(record);
     request->complete(error, record);
+    std::lock_guard<std::mutex> dlock(direct_mu_);
+    if (--direct_in_flight_ == 0) direct_cv_.notify_all();
   };
-  if (!start(std::move(done))) return nullptr;
+  auto undo = [this] {
+    std::lock_guard<std::mutex> dlock(direct_mu_);
+    --direct_in_flight_;
+  };
+  bool started = false;
+  try {
+    started = start(std::move(done));
+  } catch (...) {
+    undo();  // the library refused the op: nothing will call done
+    throw;
+  }
+  if (!started) {
+    undo();
+    return nullptr;
+  }
   return request;
 }
 
@@ -108,9 +128,14 @@ void Executor::shutdown() {
   }
   work_cv_.notify_all();
   if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
-  // Posted point-to-point ops end by completing or by their transport's timeout.
-  std::unique_lock<std::mutex> lock(mu_);
-  wait_cv_.wait(lock, [&] { return waiters_ == 0; });
+  // Posted point-to-point ops and direct ops end by completing or by their
+  // transport's timeout.
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    wait_cv_.wait(lock, [&] { return waiters_ == 0; });
+  }
+  std::unique_lock<std::mutex> dlock(direct_mu_);
+  direct_cv_.wait(dlock, [&] { return direct_in_flight_ == 0; });
 }
 
 }  // namespace hcomm

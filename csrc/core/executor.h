@@ -67,6 +67,13 @@ class Executor {
   std::deque<Item> queue_;
   size_t in_flight_ = 0;
   size_t waiters_ = 0;  // live waiter threads; shutdown() waits for none
+  // Direct (try_direct) ops still running in the library.  Their completion
+  // may run inside start() under mu_, hence a lock of their own.  shutdown()
+  // waits for them: their callbacks call the recorder, which points into the
+  // Communicator that owns this executor.
+  std::mutex direct_mu_;
+  std::condition_variable direct_cv_;
+  size_t direct_in_flight_ = 0;
   bool stop_ = false;
   std::function<void(const OpRecord&)> recorder_;
   std::thread worker_;
