@@ -207,3 +207,25 @@ def test_irecv_completion_is_not_blocked_by_an_earlier_outstanding_irecv(pool):
     res = pool.run(case_irecv_completes_independently)
     assert res[0] == (None, 43.0, 7.0)
     assert res[1] == (None, 42.0, None)
+
+
+def case_destroy_with_op_in_flight(ctx):
+    """Destroying a group while its op is still running waits for it; the Work still reports the result."""
+    import gc
+
+    r = ctx.rank
+    g = dist.new_group(backend="hcomm")
+    t = torch.full((4,), float(r + 1))
+    if r == 1:
+        time.sleep(0.5)
+    work = dist.all_reduce(t, group=g, async_op=True)
+    dist.destroy_process_group(g)
+    del g
+    gc.collect()
+    work.wait()
+    return t.tolist()
+
+
+def test_destroying_a_group_with_an_op_in_flight_completes_it(pool):
+    s = float(sum(range(1, pool.world + 1)))
+    assert pool.run(case_destroy_with_op_in_flight) == [[s] * 4] * pool.world
