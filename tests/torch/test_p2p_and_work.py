@@ -1,6 +1,7 @@
 """Multi-process: point-to-point, coalescing, barrier and the Work object (async, futures, timeouts)."""
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -229,3 +230,24 @@ def case_destroy_with_op_in_flight(ctx):
 def test_destroying_a_group_with_an_op_in_flight_completes_it(pool):
     s = float(sum(range(1, pool.world + 1)))
     assert pool.run(case_destroy_with_op_in_flight) == [[s] * 4] * pool.world
+
+
+def case_async_worker_path(ctx, dtype_name):
+    """async_op=True also returns at once for ops that run on hcomm's worker (int16: hcomm's ring)."""
+    r, h = ctx.rank, ctx.hcomm
+    dtype = getattr(torch, dtype_name)
+    if r == 0:
+        time.sleep(0.5)
+    t = torch.full((3,), r + 1, dtype=dtype)
+    t0 = time.monotonic()
+    work = dist.all_reduce(t, group=h, async_op=True)
+    fast = r == 0 or (time.monotonic() - t0) < 0.4
+    pending = r == 0 or not work.is_completed()
+    work.wait()
+    return fast, pending, t.tolist()
+
+
+@pytest.mark.parametrize("dtype_name", ["int16", "float32"])
+def test_async_op_does_not_block_on_either_execution_path(pool, dtype_name):
+    s = sum(range(1, pool.world + 1))
+    assert pool.run(case_async_worker_path, dtype_name) == [(True, True, [s] * 3)] * pool.world
