@@ -136,3 +136,23 @@ def case_million(ctx):
 
 def test_million_element_collectives_match_expected_and_gloo(pool):
     assert pool.run(case_million) == [[]] * pool.world
+
+
+def case_scalars_and_offset_views(ctx):
+    w, r, h = ctx.world, ctx.rank, ctx.hcomm
+    scalar = torch.tensor(float(r + 1))
+    dist.all_reduce(scalar, group=h)
+    b = torch.tensor(r, dtype=torch.int64)
+    dist.broadcast(b, src=2, group=h)
+    # A contiguous view that starts inside its storage: only that window changes.
+    store = torch.full((10,), -1, dtype=torch.int32)
+    store[3:7] = r
+    dist.all_reduce(store[3:7], group=h)
+    return scalar.item(), tuple(scalar.shape), b.item(), store.tolist()
+
+
+def test_zero_dim_tensors_and_views_with_a_storage_offset(pool):
+    w = pool.world
+    s = sum(range(w))
+    assert pool.run(case_scalars_and_offset_views) == [
+        (float(w * (w + 1) // 2), (), 2, [-1] * 3 + [s] * 4 + [-1] * 3)] * w
