@@ -109,6 +109,10 @@ def case_direct_errors(ctx):
         "negative": _err(lambda: hcomm.reduce_scatter_v(torch.zeros(1), torch.zeros(3), [2, -1] + [1] * (w - 2), group=h)),
         "dtype": _err(lambda: hcomm.all_reduce(torch.zeros(2, dtype=torch.uint32), group=h)),
         "gloo_group": _err(lambda: hcomm.all_reduce(torch.zeros(2), group=ctx.gloo)),
+        "plan_op": _err(lambda: hcomm.plan("all_sum", 64, group=h)),
+        "plan_dtype": _err(lambda: hcomm.plan("all_reduce", 64, dtype=torch.complex64, group=h)),
+        "plan_reduce": _err(lambda: hcomm.plan("all_reduce", 64, dtype=torch.float32, reduce_op=dist.ReduceOp.BAND,
+                                               group=h)),
         "ok": _err(lambda: hcomm.all_reduce(torch.zeros(2), group=h)),
     }
 
@@ -116,12 +120,15 @@ def case_direct_errors(ctx):
 def test_direct_api_errors_are_hcomm_value_errors(pool):
     for res in pool.run(case_direct_errors):
         assert res["ok"] is None
-        for key in ("splits", "negative", "dtype", "gloo_group"):
+        for key in ("splits", "negative", "dtype", "gloo_group", "plan_op", "plan_dtype", "plan_reduce"):
             assert res[key] is not None and res[key][1] and res[key][2], (key, res[key])
         assert "output_split_sizes sums to 4 elements but the output has 5" in res["splits"][3]
         assert "negative entry" in res["negative"][3]
         assert "UInt32" in res["dtype"][3]
         assert "not hcomm" in res["gloo_group"][3]
+        assert "unknown op 'all_sum'" in res["plan_op"][3]
+        assert "complex64" in res["plan_dtype"][3]
+        assert "band" in res["plan_reduce"][3] and "float32" in res["plan_reduce"][3]
 
 
 def case_subgroup_direct(ctx, k):
