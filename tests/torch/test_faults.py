@@ -1,4 +1,4 @@
-"""Multi-process faults: a peer that dies mid-collective makes every survivor fail within the timeout.
+"""Multi-process faults: a peer that hangs or dies mid-collective makes every survivor fail within the timeout.
 
 A dedicated 3-rank pool (the shared one must stay healthy): the hcomm groups
 have a 5 s timeout; rank 2 exits while ranks 0 and 1 are inside a collective.
@@ -26,6 +26,8 @@ def case_init(ctx):
                             world_size=ctx.world, timeout=datetime.timedelta(seconds=30))
     ctx.state["native"] = dist.new_group(backend="hcomm", timeout=t)
     ctx.state["ring"] = dist.new_group(backend="hcomm", timeout=t)
+    ctx.state["hang_native"] = dist.new_group(backend="hcomm", timeout=t)
+    ctx.state["hang_ring"] = dist.new_group(backend="hcomm", timeout=t)
     x = torch.ones(2)
     dist.all_reduce(x, group=ctx.state["native"])
     return x.tolist()
@@ -51,15 +53,45 @@ def case_peer_dies(ctx):
     return native, ring
 
 
+def case_peer_hangs(ctx):
+    """Rank 2 is alive but never joins: the others time out after the group timeout."""
+    import hcomm
+
+    if ctx.rank == 2:
+        time.sleep(GROUP_TIMEOUT_S + 2.0)
+        return None
+    t0 = time.monotonic()
+    native = dist.all_reduce(torch.ones(10), group=ctx.state["hang_native"], async_op=True)
+    ring = hcomm.all_reduce(torch.ones(10, dtype=torch.int16), group=ctx.state["hang_ring"], async_op=True)
+    out = []
+    for work in (native, ring):
+        try:
+            work.wait()
+            out.append((None, None))
+        except Exception as e:  # noqa: BLE001
+            out.append((type(e).__name__, str(e).splitlines()[0][:300]))
+    return out, time.monotonic() - t0
+
+
 @pytest.fixture(scope="module")
 def fault_pool():
     p = Pool(3, setup="bare")
+    assert p.run(case_init) == [[3.0, 3.0]] * 3
     yield p
     p.close()
 
 
+def test_a_peer_that_never_joins_makes_the_others_time_out(fault_pool):
+    res = fault_pool.run(case_peer_hangs, timeout_s=60)
+    assert res[2] is None
+    for rank in (0, 1):
+        (native, ring), seconds = res[rank]
+        assert native[0] == "DistBackendError" and "hcomm" in native[1], native
+        assert ring[0] == "HCommError" and "hcomm" in ring[1], ring
+        assert GROUP_TIMEOUT_S - 0.5 < seconds < GROUP_TIMEOUT_S + 3.0, seconds
+
+
 def test_survivors_of_a_dead_peer_raise_within_the_group_timeout(fault_pool):
-    assert fault_pool.run(case_init) == [[3.0, 3.0]] * 3
     res = fault_pool.run(case_peer_dies, expect_dead={2}, timeout_s=60)
     assert res[2] is None
     for rank in (0, 1):
