@@ -67,11 +67,13 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
   record.dtype = args.input.dtype;
   record.count = args.input.count;
   record.bytes = args.payload_bytes();
+  const bool p2p = args.kind == OpKind::kSend || args.kind == OpKind::kRecv;
+  uint64_t collective_seq = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     record.seq = next_seq_++;
+    if (!p2p) collective_seq = next_collective_seq_++;
   }
-  const bool p2p = args.kind == OpKind::kSend || args.kind == OpKind::kRecv;
   const Algorithm* algorithm = nullptr;
   if (p2p) {
     record.algorithm = "p2p";
@@ -106,8 +108,9 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
     if (request) return request;
     record.tiers.clear();
   }
-  auto task = [this, args, hooks = std::move(hooks), algorithm, debug](OpRecord& rec) -> std::unique_ptr<Pending> {
-    if (debug) debug_check(args, rec.seq);
+  auto task = [this, args, hooks = std::move(hooks), algorithm, debug,
+               collective_seq](OpRecord& rec) -> std::unique_ptr<Pending> {
+    if (debug) debug_check(args, collective_seq);
     if (hooks.before) hooks.before();
     std::unique_ptr<Pending> pending;
     if (args.kind == OpKind::kSend) {
@@ -203,15 +206,28 @@ void Communicator::debug_check(const CollectiveArgs& a, uint64_t seq) {
   Buffer out{all.data(), static_cast<int64_t>(all.size()), DType::kInt64};
   ring_all_gather_inplace(*flat_, out, std::vector<int64_t>(size_, 6));
   static const char* fields[] = {"sequence number", "op", "dtype", "element count", "reduce op/root", "split sizes"};
-  for (int r = 0; r < size_; ++r) {
-    for (int i = 0; i < 6; ++i) {
-      if (all[r * 6 + i] == mine[i]) continue;
-      std::string theirs = std::to_string(all[r * 6 + i]), ours = std::to_string(mine[i]);
-      if (i == 1) theirs = op_name(static_cast<OpKind>(all[r * 6 + i])), ours = op_name(a.kind);
-      if (i == 2) theirs = dtype_name(static_cast<DType>(all[r * 6 + i])), ours = dtype_name(a.input.dtype);
-      throw Error(ErrorKind::kRuntime, "hcomm (HCOMM_DEBUG): collective mismatch: rank " + std::to_string(rank_) +
-                                           " runs " + a.describe() + " but rank " + std::to_string(r) +
-                                           " disagrees on " + fields[i] + " (" + theirs + " vs " + ours + ")");
+  auto show = [&](int i, int64_t v) -> std::string {
+    if (i == 1) return op_name(static_cast<OpKind>(v));
+    if (i == 2) return dtype_name(static_cast<DType>(v));
+    return std::to_string(v);
+  };
+  for (int i = 0; i < 6; ++i) {
+    // The value most ranks hold (ties: the lowest rank's) is the reference, so
+    // every rank, the odd one included, names the same disagreeing rank.
+    int best_rank = 0, best_votes = 0;
+    for (int r = 0; r < size_; ++r) {
+      int votes = 0;
+      for (int q = 0; q < size_; ++q) votes += all[q * 6 + i] == all[r * 6 + i];
+      if (votes > best_votes) best_rank = r, best_votes = votes;
+    }
+    const int64_t expected = all[best_rank * 6 + i];
+    for (int r = 0; r < size_; ++r) {
+      if (all[r * 6 + i] == expected) continue;
+      throw Error(ErrorKind::kRuntime, "hcomm (HCOMM_DEBUG): collective mismatch seen on rank " +
+                                           std::to_string(rank_) + " (running " + a.describe() + "): rank " +
+                                           std::to_string(r) + " disagrees on " + fields[i] + " (" +
+                                           show(i, all[r * 6 + i]) + " vs " + show(i, expected) + " on rank " +
+                                           std::to_string(best_rank) + ")");
     }
   }
 }

@@ -92,6 +92,9 @@ class Communicator {
   std::string library_;
   mutable std::mutex mu_;
   uint64_t next_seq_ = 0;
+  // Collectives only: point-to-point counts legitimately differ per rank, so
+  // HCOMM_DEBUG compares this number, not OpRecord::seq.
+  uint64_t next_collective_seq_ = 0;
   std::deque<OpRecord> history_;
   std::shared_ptr<const Hierarchy> hierarchy_;
   std::vector<uint8_t> scratch_;  // used on the worker only

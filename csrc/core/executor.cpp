@@ -10,7 +10,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 }  // namespace
 
-Executor::Executor() : worker_(&Executor::work_loop, this), waiter_(&Executor::wait_loop, this) {}
+Executor::Executor() : worker_(&Executor::work_loop, this) {}
 
 Executor::~Executor() { shutdown(); }
 
@@ -33,12 +33,32 @@ std::shared_ptr<Request> Executor::try_direct(const DirectStart& start, OpRecord
   auto request = std::make_shared<Request>();
   auto begin = std::chrono::steady_clock::now();
   auto recorder = recorder_;
-  auto done = [request, record, begin, recorder](std::exception_ptr error) mutable {
+  {
+    std::lock_guard<std::mutex> dlock(direct_mu_);
+    ++direct_in_flight_;
+  }
+  auto done = [this, request, record, begin, recorder](std::exception_ptr error) mutable {
     record.seconds = seconds_since(begin);
     if (recorder) recorder(record);
     request->complete(error, record);
+    std::lock_guard<std::mutex> dlock(direct_mu_);
+    if (--direct_in_flight_ == 0) direct_cv_.notify_all();
   };
-  if (!start(std::move(done))) return nullptr;
+  auto undo = [this] {
+    std::lock_guard<std::mutex> dlock(direct_mu_);
+    --direct_in_flight_;
+  };
+  bool started = false;
+  try {
+    started = start(std::move(done));
+  } catch (...) {
+    undo();  // the library refused the op: nothing will call done
+    throw;
+  }
+  if (!started) {
+    undo();
+    return nullptr;
+  }
   return request;
 }
 
@@ -53,11 +73,7 @@ void Executor::work_loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) {
-        worker_done_ = true;
-        wait_cv_.notify_all();
-        return;
-      }
+      if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -71,9 +87,9 @@ void Executor::work_loop() {
     if (item.pending && !error) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        posted_.push_back(std::move(item));
+        ++waiters_;
       }
-      wait_cv_.notify_one();
+      std::thread([this, item = std::move(item)]() mutable { wait_one(std::move(item)); }).detach();
       continue;
     }
     finish(item, error);
@@ -82,28 +98,21 @@ void Executor::work_loop() {
   }
 }
 
-void Executor::wait_loop() {
-  for (;;) {
-    Item item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      wait_cv_.wait(lock, [&] { return worker_done_ || !posted_.empty(); });
-      if (posted_.empty()) return;
-      item = std::move(posted_.front());
-      posted_.pop_front();
-    }
-    std::exception_ptr error;
-    try {
-      item.pending->wait();
-      item.record.source_rank = item.pending->source();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    item.pending.reset();
-    finish(item, error);
-    std::lock_guard<std::mutex> lock(mu_);
-    --in_flight_;
+void Executor::wait_one(Item item) {
+  std::exception_ptr error;
+  try {
+    item.pending->wait();
+    item.record.source_rank = item.pending->source();
+  } catch (...) {
+    error = std::current_exception();
   }
+  item.pending.reset();
+  finish(item, error);
+  // Notified under the lock: once shutdown() sees waiters_ == 0 this thread
+  // no longer touches the executor.
+  std::lock_guard<std::mutex> lock(mu_);
+  --in_flight_;
+  if (--waiters_ == 0) wait_cv_.notify_all();
 }
 
 void Executor::finish(Item& item, std::exception_ptr error) {
@@ -115,13 +124,18 @@ void Executor::finish(Item& item, std::exception_ptr error) {
 void Executor::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ && !worker_.joinable() && !waiter_.joinable()) return;
     stop_ = true;
   }
   work_cv_.notify_all();
   if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
-  wait_cv_.notify_all();
-  if (waiter_.joinable() && waiter_.get_id() != std::this_thread::get_id()) waiter_.join();
+  // Posted point-to-point ops and direct ops end by completing or by their
+  // transport's timeout.
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    wait_cv_.wait(lock, [&] { return waiters_ == 0; });
+  }
+  std::unique_lock<std::mutex> dlock(direct_mu_);
+  direct_cv_.wait(dlock, [&] { return direct_in_flight_ == 0; });
 }
 
 }  // namespace hcomm

@@ -4,9 +4,12 @@
 // Issue order matters: every rank must run the same collectives in the same
 // order on the same transports, and a single FIFO per group guarantees it.
 // Point-to-point ops only *post* on the worker (their body returns the
-// Pending); a second thread waits for them, so a rank can post a send and
-// then a receive without the send's wait blocking the receive's post
-// (batch_isend_irecv relies on this).
+// Pending); each posted op is then waited for on a short-lived thread of its
+// own, so a rank can post a send and then a receive without the send's wait
+// blocking the receive's post (batch_isend_irecv relies on this), and a
+// message that has arrived completes even while an earlier receive from
+// another peer is still outstanding (a single FIFO waiter would hold it back
+// and deadlock schedules that wait for the later one first).
 #pragma once
 
 #include <atomic>
@@ -57,17 +60,23 @@ class Executor {
   };
   void work_loop();
   void finish(Item& item, std::exception_ptr error);
-  void wait_loop();
+  void wait_one(Item item);  // body of a posted op's waiter thread
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_, wait_cv_;
   std::deque<Item> queue_;
-  std::deque<Item> posted_;
   size_t in_flight_ = 0;
+  size_t waiters_ = 0;  // live waiter threads; shutdown() waits for none
+  // Direct (try_direct) ops still running in the library.  Their completion
+  // may run inside start() under mu_, hence a lock of their own.  shutdown()
+  // waits for them: their callbacks call the recorder, which points into the
+  // Communicator that owns this executor.
+  std::mutex direct_mu_;
+  std::condition_variable direct_cv_;
+  size_t direct_in_flight_ = 0;
   bool stop_ = false;
-  bool worker_done_ = false;
   std::function<void(const OpRecord&)> recorder_;
-  std::thread worker_, waiter_;
+  std::thread worker_;
 };
 
 }  // namespace hcomm

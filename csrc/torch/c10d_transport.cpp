@@ -1,5 +1,7 @@
 #include "torch/c10d_transport.h"
 
+#include <thread>
+
 #include "core/error.h"
 #include "torch/tensor_util.h"
 
@@ -185,11 +187,31 @@ void C10dTransport::run(const CollectiveArgs& a) {
 }
 
 bool C10dTransport::start(const CollectiveArgs& a, std::function<void(std::exception_ptr)> done) {
+  // torch 2.13's gloo returns a Work without a future from
+  // _reduce_scatter_base ("Work::getFuture not implemented"): decline before
+  // issuing anything, so the op takes the worker path and waits there.
+  if (library_ == "gloo" && a.kind == OpKind::kReduceScatter) return false;
   auto work = issue(a);
-  auto future = work->getFuture();
   std::string library = library_;
   const int rank = rank_;
   const char* what = op_name(a.kind);
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work->getFuture();
+  } catch (const c10::Error&) {
+    // Another library's Work without a future: the op is already issued, so
+    // wait for it on a thread of its own rather than block the caller.
+    std::thread([work, done = std::move(done), library, rank, what, timeout = timeout_] {
+      std::exception_ptr error;
+      try {
+        guarded(library, rank, what, [&] { work->wait(timeout); });
+      } catch (...) {
+        error = std::current_exception();
+      }
+      done(error);
+    }).detach();
+    return true;
+  }
   // The callback runs on the library's thread when the op completes; the
   // Work is captured so it outlives the op.
   future->addCallback([work, done = std::move(done), library, rank, what](c10::ivalue::Future& f) {

@@ -1,0 +1,140 @@
+"""Thread-rank tier: bad arguments, dead peers and HCOMM_DEBUG mismatches.
+
+Bad arguments raise hcomm.HCommValueError naming the problem on the calling
+rank before any communication; a rank that never joins makes the others
+fail within the timeout; debug checks name the disagreeing rank.
+"""
+import time
+
+import pytest
+import torch
+
+import hcomm
+from hcomm import _C
+from tests.helpers import local
+
+
+def _z(n, dtype=torch.float32):
+    return torch.zeros(n, dtype=dtype)
+
+
+def _raises_value(match, world, kind, dtype, inputs, outputs=None, **kw):
+    with pytest.raises(hcomm.HCommValueError, match=match) as info:
+        local.run(world, kind, dtype, inputs, outputs, **kw)
+    assert isinstance(info.value, ValueError)
+    return str(info.value)
+
+
+def test_all_gather_output_not_world_times_input():
+    msg = _raises_value(r"expected world size 3 x input 4 = 12", 3, "all_gather", torch.float32,
+                        [_z(4)] * 3, [_z(11) for _ in range(3)])
+    assert "all_gather(float32 x 4 -> 11)" in msg
+
+
+def test_reduce_scatter_input_not_world_times_output():
+    _raises_value(r"input has 7 elements; expected world size 2 x output 3 = 6", 2, "reduce_scatter",
+                  torch.int32, [_z(7, torch.int32)] * 2, [_z(3, torch.int32) for _ in range(2)])
+
+
+@pytest.mark.parametrize("kind,counts_kw,match", [
+    ("all_gather_v", {"output_counts": [[1, 2]] * 2}, r"output_split_sizes sums to 3 elements but the output has 4"),
+    ("all_gather_v", {"output_counts": [[1, 1, 2]] * 2}, r"output_split_sizes has 3 entries but the group has 2"),
+    ("all_gather_v", {"output_counts": [[5, -1]] * 2}, r"negative entry -1"),
+    ("reduce_scatter_v", {"input_counts": [[2, 1]] * 2}, r"input_split_sizes sums to 3 elements but the input has 4"),
+    ("all_to_all_v", {"input_counts": [[1, 1]] * 2, "output_counts": [[2, 2]] * 2},
+     r"input_split_sizes sums to 2 elements but the input has 4"),
+])
+def test_split_sizes_that_do_not_match_the_tensor(kind, counts_kw, match):
+    _raises_value(match, 2, kind, torch.float32, [_z(4), _z(4)], [_z(4), _z(4)], **counts_kw)
+
+
+def test_all_gather_v_own_count_must_match_input():
+    _raises_value(r"output_split_sizes\[0\] is 1 but this rank's input has 3", 2, "all_gather_v", torch.int64,
+                  [_z(3, torch.int64), _z(3, torch.int64)], [_z(4, torch.int64), _z(4, torch.int64)],
+                  output_counts=[[1, 3]] * 2)
+
+
+@pytest.mark.parametrize("kind", ["broadcast", "reduce", "gather", "scatter"])
+@pytest.mark.parametrize("root", [3, -1])
+def test_root_out_of_range(kind, root):
+    _raises_value(rf"root {root} is out of range for a group of 3", 3, kind, torch.float32,
+                  [_z(3)] * 3, [_z(9) for _ in range(3)], root=root)
+
+
+def test_all_to_all_that_does_not_split_evenly():
+    _raises_value(r"5 elements do not split evenly over 2 ranks", 2, "all_to_all", torch.float32,
+                  [_z(5), _z(5)], [_z(5), _z(5)])
+
+
+@pytest.mark.parametrize("op", ["band", "bor", "bxor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_bitwise_op_on_float_names_op_and_dtype(op, dtype):
+    name = str(dtype).split(".")[-1]
+    _raises_value(rf"reduce op {op} is not supported for dtype {name}", 2, "all_reduce", dtype,
+                  [_z(2, dtype), _z(2, dtype)], reduce=op)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter"])
+def test_fp8_reduction_is_refused_naming_the_dtype(dtype, kind):
+    name = str(dtype).split(".")[-1]
+    outs = [_z(1, dtype), _z(1, dtype)] if kind == "reduce_scatter" else None
+    _raises_value(rf"reduce op sum is not supported for dtype {name}", 2, kind, dtype,
+                  [_z(2, dtype), _z(2, dtype)], outs)
+
+
+def test_reduce_supported_binding_matches_validation():
+    ok, why = _C.reduce_supported(_C.DTYPES["float16"], _C.REDUCE_OPS["bxor"])
+    assert (ok, "bxor" in why and "float16" in why) == (False, True)
+    assert _C.reduce_supported(_C.DTYPES["bool"], _C.REDUCE_OPS["bxor"]) == (True, "")
+    assert _C.reduce_supported(_C.DTYPES["int16"], _C.REDUCE_OPS["avg"])[0] is True
+
+
+def test_only_the_bad_rank_is_named_when_one_rank_passes_a_wrong_size():
+    outs = [_z(8), _z(8), _z(7), _z(8)]
+    msg = _raises_value(r"on rank 2: output has 7 elements", 4, "all_gather", torch.float32, [_z(2)] * 4, outs)
+    assert "rank 0" not in msg
+
+
+def test_forced_algorithm_that_cannot_run_the_op_falls_back_to_one_that_can():
+    bufs = [torch.ones(5) for _ in range(2)]
+    recs = local.run(2, "all_reduce", torch.float32, bufs, algorithm="tree")
+    assert [r["algorithm"] for r in recs] == ["ring", "ring"]
+    assert all(torch.equal(b, torch.full((5,), 2.0)) for b in bufs)
+
+
+@pytest.mark.parametrize("kind,algorithm", [("all_reduce", "ring"), ("broadcast", "tree"),
+                                            ("all_gather", "ring_ag"), ("barrier", "dissemination")])
+def test_root_that_never_joins_makes_the_others_time_out(kind, algorithm):
+    world, timeout_ms = 3, 300
+    ins = [_z(6) for _ in range(world)] if kind != "barrier" else [None] * world
+    outs = [_z(18) for _ in range(world)] if kind == "all_gather" else None
+    t0 = time.monotonic()
+    with pytest.raises(hcomm.HCommError, match="timed out after 300 ms") as info:
+        local.run(world, kind, torch.float32, ins, outs, algorithm=algorithm, timeout_ms=timeout_ms, kill_rank=0)
+    elapsed = time.monotonic() - t0
+    assert not isinstance(info.value, ValueError)
+    # Each waiting rank gives up after one timeout; allow scheduling slack on a busy box.
+    assert elapsed < 3 * timeout_ms / 1000 + 2.0, elapsed
+
+
+def test_debug_check_names_the_rank_with_a_different_count():
+    bufs = [_z(5), _z(5), _z(6), _z(5)]
+    with pytest.raises(hcomm.HCommError, match=r"HCOMM_DEBUG.*rank 2 disagrees on element count \(6 vs 5 on rank 0\)"):
+        local.run(4, "all_reduce", torch.float32, bufs, debug=True, timeout_ms=5000)
+
+
+def test_debug_check_names_a_split_size_disagreement():
+    # Each rank's call is valid on its own (its block matches its output) but the splits differ.
+    ins = [_z(4), _z(4)]
+    outs = [_z(2), _z(3)]
+    with pytest.raises(hcomm.HCommError, match=r"rank 1 disagrees on split sizes"):
+        local.run(2, "reduce_scatter_v", torch.float32, ins, outs, input_counts=[[2, 2], [1, 3]],
+                  debug=True, timeout_ms=5000)
+
+
+def test_debug_check_passes_and_results_are_unchanged_when_calls_agree():
+    bufs = [torch.full((3,), float(r)) for r in range(3)]
+    recs = local.run(3, "all_reduce", torch.float32, bufs, debug=True)
+    assert all(torch.equal(b, torch.full((3,), 3.0)) for b in bufs)
+    assert [r["op"] for r in recs] == ["all_reduce"] * 3

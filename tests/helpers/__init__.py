@@ -1,0 +1,1 @@
+"""Shared test harnesses: thread ranks (`local`), worker-process pools (`mp`), exact references (`ref`)."""
