@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from hcomm.emulate.bootstrap import code_command
+
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("cpu", "memory", "cpuset")
 PERIOD_US = 10_000
@@ -72,7 +74,7 @@ def _loop(seconds: float, start: float, cpu: int = -1, cgroup: Optional[Tuple[st
         if cgroup is not None:
             join(*cgroup)
 
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+    return subprocess.Popen(code_command(code), stdout=subprocess.PIPE, text=True,
                             preexec_fn=_pre)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from hcomm.emulate import cgroups, launch
+from hcomm.emulate.bootstrap import module_command
 from hcomm.emulate.cluster import Cluster, _env_with_hcomm
 from hcomm.emulate.units import fmt_bandwidth, fmt_latency, fmt_memory
 
@@ -49,7 +50,7 @@ def _probe(cluster: Cluster, node: int, args: List[str], rank: Optional[int] = N
         if rank is not None:
             cgroups.join(cluster.run_id, rank)
 
-    proc = subprocess.Popen([sys.executable, "-m", "hcomm.emulate.probes"] + args,
+    proc = subprocess.Popen(module_command("hcomm.emulate.probes") + args,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_pre, env=_env_with_hcomm(os.environ))
     if args[0] in ("sink", "echo"):

@@ -22,6 +22,7 @@ import sys
 import threading
 from typing import Callable, Dict, List, Optional, Union
 
+from hcomm.emulate.bootstrap import module_command
 from hcomm.emulate import cgroups, netns, preflight, state
 from hcomm.emulate.spec import ClusterSpec, load_spec
 
@@ -129,7 +130,7 @@ class Cluster:
         with open(cfg, "w") as f:
             json.dump({"ports": ports, "parent_pid": os.getpid()}, f)
         self._wire = subprocess.Popen(
-            [sys.executable, "-m", "hcomm.emulate.wire", cfg],
+            module_command("hcomm.emulate.wire") + [cfg],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=_env_with_hcomm(os.environ), start_new_session=True)
         line = self._wire.stdout.readline().strip()

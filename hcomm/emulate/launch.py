@@ -26,6 +26,7 @@ import time
 from typing import Dict, List, Optional, Tuple, Union
 
 from hcomm.emulate import rankwrap
+from hcomm.emulate.bootstrap import module_command
 from hcomm.emulate.cluster import Cluster, _env_with_hcomm
 from hcomm.emulate.spec import ClusterSpec
 from hcomm.emulate.units import fmt_memory
@@ -57,7 +58,7 @@ def node_command(cluster: Cluster, node_index: int, argv: List[str], port: int) 
         f"--rdzv-conf=is_host={1 if node_index == 0 else 0}",
         f"--local-addr={cluster.local_addr(node_index)}",
         "--max-restarts=0", "--no-python",
-        sys.executable, "-m", "hcomm.emulate.rankwrap", "--"] + list(argv)
+        *module_command("hcomm.emulate.rankwrap"), "--"] + list(argv)
 
 
 def node_env(cluster: Cluster, node_index: int) -> Dict[str, str]:

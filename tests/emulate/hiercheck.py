@@ -36,6 +36,7 @@ gathered = torch.zeros(sum(counts))
 hcomm.all_gather_v(gathered, torch.full((counts[rank],), float(rank)), counts, group=hc)
 results["ag_v"] = [torch.equal(gathered, torch.cat([torch.full((c,), float(r)) for r, c in enumerate(counts)])),
                    hcomm.last_op(hc)["algorithm"]]
+hcomm.set_algorithm("hier", group=hc)
 hcomm.set_compression("bf16", group=hc)
 y = torch.randn(50_000, generator=torch.Generator().manual_seed(rank))
 dist.all_reduce(y, group=hc)
