@@ -42,7 +42,9 @@ def _extension():
     cpp = (_sources("csrc/core/**/*.cpp") + _sources("csrc/adapters/**/*.cpp")
            + _sources("csrc/torch/**/*.cpp") + _sources("python/*.cpp"))
     cuda = _want_cuda()
-    cxx_flags = ["-O3", "-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+    # No -std flag: cpp_extension picks the one the installed torch needs
+    # (C++17 for torch 2.11-2.13, C++20 for 2.14); the code builds under both.
+    cxx_flags = ["-O3", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
     define_macros = []
     if cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
@@ -51,7 +53,7 @@ def _extension():
         return cpp_extension.CUDAExtension(
             "hcomm._C", sources, include_dirs=[os.path.join(ROOT, "csrc"), ROOT],
             define_macros=define_macros,
-            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]},
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--expt-relaxed-constexpr"]},
         )
     return cpp_extension.CppExtension(
         "hcomm._C", cpp, include_dirs=[os.path.join(ROOT, "csrc"), ROOT],

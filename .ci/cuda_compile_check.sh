@@ -97,8 +97,13 @@ log "building with TORCH_CUDA_ARCH_LIST=$ARCHS MAX_JOBS=$JOBS"
 so="$(find "$CACHE/lib" -name '_C*.so' | head -n1)"
 [[ -n "$so" ]] || { echo "no _C*.so produced" >&2; exit 1; }
 # The module links against the CUDA torch; without a GPU it still imports.
-(cd "$CACHE/lib" && "$VENV/bin/python" -c '
-import torch, hcomm._C as C
+# Import it as part of the package (its bindings import hcomm.errors, and
+# `import hcomm` registers the backend with the CUDA device list).
+cp "$so" "$CACHE/src/hcomm/"
+(cd "$CACHE/src" && "$VENV/bin/python" -c '
+import torch, hcomm, hcomm._C as C
+import torch.distributed as dist
+assert "cuda" in dist.Backend.backend_capability["hcomm"], dist.Backend.backend_capability["hcomm"]
 k = C.kernels
 assert k.has_cuda, "built without HCOMM_WITH_CUDA"
 for f in ("cuda_reduce_into", "cuda_cast", "cuda_quantize_fp8", "cuda_dequantize_fp8", "cuda_dequantize_accumulate"):
