@@ -10,6 +10,7 @@ gloo headers; the C++ ProcessGroupHComm wraps it.
 from __future__ import annotations
 
 import datetime
+import json
 
 import torch
 import torch.distributed as dist
@@ -27,10 +28,10 @@ HCOMM_DEBUG = declare(
     "a mismatch raises an error naming the disagreeing rank (costs one small all-gather per op)",
 )
 HCOMM_LINK_ALPHA = declare(
-    "HCOMM_LINK_ALPHA", 50e-6, "latency (seconds) the cost model assumes for the flat tier until it is measured",
+    "HCOMM_LINK_ALPHA", 50e-6, "latency (seconds) the cost model uses for flat algorithms; unset: the slowest tier's",
 )
 HCOMM_LINK_BETA = declare(
-    "HCOMM_LINK_BETA", 1e9, "bandwidth (bytes/second) the cost model assumes for the flat tier until it is measured",
+    "HCOMM_LINK_BETA", 1e9, "bandwidth (bytes/second) the cost model uses for flat algorithms; unset: the slowest tier's",
 )
 
 _registered = False
@@ -48,15 +49,44 @@ def _devices():
 def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
     from hcomm import _C
 
+    from hcomm.profiling import resolve
+    from hcomm.topology import HCOMM_PROPORTIONAL_SHARDS, exchange
+
     host = dist.ProcessGroupGloo(dist.PrefixStore("hcomm/host", store), rank, size, timeout)
     device = None
     if _C.has_cuda and torch.cuda.is_available() and dist.is_nccl_available():
         device = dist.ProcessGroupNCCL(dist.PrefixStore("hcomm/nccl", store), rank, size)
-    return _C.ProcessGroupHComm(
-        store, rank, size, timeout, host, device,
-        algorithm=HCOMM_ALGO.get(), debug=HCOMM_DEBUG.get(),
-        alpha=HCOMM_LINK_ALPHA.get(), beta=HCOMM_LINK_BETA.get(),
-    )
+    topo = exchange(store, rank, size)
+    island_pg = None
+    if len(topo.islands) > 1:
+        # This rank's island group.  Every member creates it together, over a
+        # prefix of its own.  On CPU the island's library is gloo; across
+        # islands hcomm uses the host (gloo) group: host-staged, which is what
+        # joins islands of different vendors.
+        me = topo.island_of(rank)
+        members = topo.islands[me]
+        island_pg = dist.ProcessGroupGloo(dist.PrefixStore(f"hcomm/island/{me}", store),
+                                          members.index(rank), len(members), timeout)
+    topo.links = resolve(topo, rank, host, island_pg)
+    flat = topo.links.get("flat") or topo.links["inter"]
+    alpha = HCOMM_LINK_ALPHA.get() if HCOMM_LINK_ALPHA.raw() else flat.alpha
+    beta = HCOMM_LINK_BETA.get() if HCOMM_LINK_BETA.raw() else flat.beta
+    pg = _C.ProcessGroupHComm(store, rank, size, timeout, host, device,
+                              algorithm=HCOMM_ALGO.get(), debug=HCOMM_DEBUG.get(), alpha=alpha, beta=beta)
+    if island_pg is not None:
+        intra, inter = topo.links["intra"], topo.links["inter"]
+        pg.set_hierarchy(topo.islands, island_pg, intra.alpha, intra.beta, inter.alpha, inter.beta,
+                         [r.inter_weight for r in topo.ranks], bool(HCOMM_PROPORTIONAL_SHARDS.get()),
+                         topo.uplink_sharing())
+        from hcomm.compress import resolve as compression
+
+        cfg = compression(None)  # HCOMM_COMPRESS
+        if cfg.enabled:
+            from hcomm.collectives import _dtype_code
+
+            pg.set_compression(_dtype_code(cfg.wire), cfg.chunk, cfg.error_feedback)
+    pg.topology_json = json.dumps(topo.to_dict())
+    return pg
 
 
 def register() -> None:

@@ -228,6 +228,24 @@ def set_algorithm(name: str, group=None) -> None:
     _backend(group).set_algorithm(name)
 
 
+def set_compression(spec, group=None) -> None:
+    """Compress the inter-island tier of ``group``'s hierarchical all-reduce.
+
+    ``spec`` is what ``HCOMM_COMPRESS`` takes (``"none"``, ``"bf16"``,
+    ``"fp16"``, ``"fp8e4m3"``, ``"fp8e5m2"``, with ``":ef"`` for error
+    feedback) or a :class:`hcomm.compress.CompressConfig`.  Results are exact
+    only with ``"none"``; see docs/kernels.md for the measured error.
+    """
+    from hcomm.compress import resolve
+
+    cfg = resolve(spec)
+    backend = _backend(group)
+    if cfg.enabled:
+        backend.set_compression(_dtype_code(cfg.wire), cfg.chunk, cfg.error_feedback)
+    else:
+        backend.set_compression(-1)
+
+
 def algorithms() -> List[tuple]:
     """The algorithm table: (name, description), in preference order."""
     from hcomm import _C

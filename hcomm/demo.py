@@ -1,9 +1,12 @@
 """``hcomm demo``: the main job until the end-to-end training job exists.
 
-Runs all-reduce with hcomm and with torch's gloo side by side on the same
-ranks, checks every result exactly, and prints time per size and the ratio.
-With no arguments it spawns 4 local ranks (``--nprocs``); under ``torchrun``
-or ``hcomm emulate run`` it uses the launcher's ranks (``env://``).
+With no arguments it brings up the default emulated cluster (two islands of
+two ranks, the link between them ~10x slower than inside them) and runs
+``hcomm bench all_reduce`` there, hcomm against torch's gloo side by side,
+every result checked.  Where the emulator cannot run (not root, no ``ip``/
+``tc``/cgroups) it says why and runs the same comparison on local ranks.
+``--local`` asks for the local comparison; under ``torchrun`` or
+``hcomm emulate run`` it uses the launcher's ranks.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--max-bytes", type=int, default=16 << 20)
+    p.add_argument("--local", action="store_true", help="local ranks, no emulated cluster")
+    p.add_argument("--cluster", default=None, help="emulator preset or spec (default: the default preset)")
     args = p.parse_args(argv)
     if args.nprocs < 1 or args.iters < 1 or args.warmup < 0:
         p.error("--nprocs and --iters must be >= 1, --warmup >= 0")
@@ -83,8 +88,31 @@ def _spawned(rank: int, world: int, init: str, args: argparse.Namespace) -> None
     _rank_main(rank, world, init, args)
 
 
+def _emulated(args: argparse.Namespace) -> Optional[int]:
+    """Runs the benchmark on the emulated cluster; None when it cannot."""
+    from hcomm.emulate import DEFAULT_PRESET, load_spec, run
+    from hcomm.emulate.preflight import message, missing
+
+    lacking = missing()
+    if lacking:
+        print(f"hcomm demo: the emulator cannot run here ({message(lacking)}); comparing on local ranks instead",
+              file=sys.stderr)
+        return None
+    spec = load_spec(args.cluster or DEFAULT_PRESET)
+    print(f"hcomm demo: all_reduce, hcomm vs gloo, on emulated cluster '{spec.name}' "
+          f"({spec.world_size} ranks in {len(spec.islands())} islands)", flush=True)
+    bench = [sys.executable, "-m", "hcomm", "bench", "all_reduce", "--backends", "gloo,hcomm",
+             "--min-bytes", "4K", "--max-bytes", str(args.max_bytes), "--step-factor", "4",
+             "--iters", str(args.iters), "--warmup", str(args.warmup), "--no-progress"]
+    return run(spec, bench)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(list(argv or []))
+    if not args.local and "RANK" not in os.environ:
+        rc = _emulated(args)
+        if rc is not None:
+            return rc
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         _rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", args)
         return 0

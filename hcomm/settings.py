@@ -92,3 +92,10 @@ def markdown_table() -> str:
         default = "(unset)" if s.default in (None, "") else f"`{s.default}`"
         rows.append(f"| `{s.name}` | {default} | {s.help} |")
     return "\n".join(rows)
+
+
+# Read by setup.py at build time (setup.py cannot import the package it builds);
+# declared here so it is documented with the rest.
+HCOMM_BUILD_CUDA = declare(
+    "HCOMM_BUILD_CUDA", "auto",
+    "build time (setup.py): 0 forces a CPU-only build, 1 makes a missing CUDA toolkit an error")

@@ -95,6 +95,28 @@ void bind_torch(py::module_& m) {
                          const std::string& algorithm) {
         return pg.communicator().predict(plan_args(pg, op, dtype, count, reduce), algorithm);
       }, py::arg("op"), py::arg("dtype"), py::arg("count"), py::arg("reduce"), py::arg("algorithm"))
+      .def(
+          "set_hierarchy",
+          [](ProcessGroupHComm& pg, std::vector<std::vector<int>> islands, c10::intrusive_ptr<c10d::Backend> island,
+             double intra_alpha, double intra_beta, double inter_alpha, double inter_beta, std::vector<double> weights,
+             bool proportional, std::vector<int> sharing) {
+            LinkModel intra, inter;
+            intra.alpha = intra_alpha, intra.beta = intra_beta;
+            inter.alpha = inter_alpha, inter.beta = inter_beta;
+            pg.set_hierarchy(std::move(islands), island, intra, inter, std::move(weights), proportional,
+                             std::move(sharing));
+          },
+          py::arg("islands"), py::arg("island_backend"), py::arg("intra_alpha"), py::arg("intra_beta"),
+          py::arg("inter_alpha"), py::arg("inter_beta"), py::arg("weights"), py::arg("proportional"),
+          py::arg("uplink_sharing"))
+      .def(
+          "set_compression",
+          [](ProcessGroupHComm& pg, int wire, int64_t chunk, bool ef) {
+            pg.set_compression(wire < 0 ? std::nullopt : std::optional<DType>(static_cast<DType>(wire)), chunk, ef);
+          },
+          py::arg("wire"), py::arg("chunk") = 1024, py::arg("error_feedback") = false,
+          "Wire dtype code for the inter-island tier (-1: off), fp8 chunk, error feedback.")
+      .def_readwrite("topology_json", &ProcessGroupHComm::topology_json)
       .def_property_readonly("library", [](ProcessGroupHComm& pg) { return pg.communicator().library(); })
       .def_property_readonly("host_backend", &ProcessGroupHComm::host_backend);
   m.attr("has_cuda") =

@@ -43,6 +43,59 @@ ProcessGroupHComm::~ProcessGroupHComm() {
   if (comm_) comm_->shutdown();
 }
 
+void ProcessGroupHComm::set_hierarchy(std::vector<std::vector<int>> islands,
+                                      c10::intrusive_ptr<c10d::Backend> island_backend, LinkModel intra,
+                                      LinkModel inter, std::vector<double> weights, bool proportional,
+                                      std::vector<int> uplink_sharing) {
+  auto h = std::make_shared<Hierarchy>();
+  h->island_of.assign(getSize(), -1);
+  h->local_index.assign(getSize(), -1);
+  for (size_t i = 0; i < islands.size(); ++i)
+    for (size_t j = 0; j < islands[i].size(); ++j) {
+      const int r = islands[i][j];
+      TORCH_CHECK_VALUE(r >= 0 && r < getSize() && h->island_of[r] == -1, "hcomm: islands must partition ranks 0..",
+                        getSize() - 1, "; rank ", r, " is out of range or repeated");
+      h->island_of[r] = static_cast<int>(i);
+      h->local_index[r] = static_cast<int>(j);
+    }
+  for (int r = 0; r < getSize(); ++r) TORCH_CHECK_VALUE(h->island_of[r] >= 0, "hcomm: rank ", r, " is in no island");
+  h->islands = std::move(islands);
+  island_backend_ = island_backend;
+  h->intra = std::make_shared<C10dTransport>(island_backend, timeout_);
+  h->intra_link = intra;
+  h->inter_link = inter;
+  h->inter_weight = std::move(weights);
+  h->proportional = proportional;
+  h->uplink_sharing = std::move(uplink_sharing);
+  // A flat algorithm on this group runs at its slowest tier.
+  comm_->set_link_model(inter);
+  try {
+    comm_->set_hierarchy(std::move(h));
+  } catch (...) {
+    rethrow_for_torch(std::current_exception());
+  }
+}
+
+void ProcessGroupHComm::set_compression(std::optional<DType> wire, int64_t chunk, bool error_feedback) {
+  auto current = comm_->hierarchy();
+  TORCH_CHECK_VALUE(current || !wire, "hcomm: compression applies to the inter-island tier, and this group spans one island");
+  if (!current) return;
+  auto h = std::make_shared<Hierarchy>(*current);
+  h->compress = wire.has_value();
+  if (wire) {
+    h->wire.wire = *wire;
+    h->wire.chunk = chunk;
+    try {
+      compress::wire_supported(h->wire, true);
+    } catch (...) {
+      rethrow_for_torch(std::current_exception());
+    }
+  }
+  h->error_feedback = error_feedback;
+  if (!h->residuals) h->residuals = std::make_shared<compress::ResidualStore>();
+  comm_->set_hierarchy(std::move(h));
+}
+
 bool ProcessGroupHComm::on_device(const at::Tensor& t) const {
   if (t.device().is_cpu()) return false;
   TORCH_CHECK_VALUE(device_backend_, "hcomm: tensor on ", t.device(),

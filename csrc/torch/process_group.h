@@ -76,6 +76,14 @@ class ProcessGroupHComm final : public c10d::Backend {
                                                   const c10d::ReduceOp& op);
 
   Communicator& communicator() { return *comm_; }
+  // Islands found by the Python topology exchange, with this rank's island
+  // group (a torch backend over its own PrefixStore) and the tier models.
+  void set_hierarchy(std::vector<std::vector<int>> islands, c10::intrusive_ptr<c10d::Backend> island_backend,
+                     LinkModel intra, LinkModel inter, std::vector<double> weights, bool proportional,
+                     std::vector<int> uplink_sharing);
+  // Weak-tier compression of the hierarchical all-reduce; wire == nullopt: off.
+  void set_compression(std::optional<DType> wire, int64_t chunk, bool error_feedback);
+  std::string topology_json;  // the Python Topology, for hcomm.topology(group)
   const c10::intrusive_ptr<c10d::Backend>& host_backend() const { return host_backend_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
@@ -96,6 +104,7 @@ class ProcessGroupHComm final : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   bool coalescing_ = false;
   std::vector<std::shared_ptr<Request>> coalesced_;
+  c10::intrusive_ptr<c10d::Backend> island_backend_;
 };
 
 // Shared by the method files: argument checks that raise ValueError.

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/compress/codec.h"
+#include "core/compress/residual_store.h"
 #include "core/op.h"
 #include "core/request.h"
 #include "core/transport.h"
@@ -41,6 +43,12 @@ struct Hierarchy {
   // How many of an island's ranks share one uplink (ranks on one host share
   // its NIC): the cost model divides the inter bandwidth by it.
   std::vector<int> uplink_sharing;  // per island
+  // Weak-tier compression (HCOMM_COMPRESS), used by the cross-island step of
+  // the hierarchical all-reduce for fp32/bf16/fp16 sums and averages.
+  bool compress = false;
+  compress::WireFormat wire;
+  bool error_feedback = false;
+  std::shared_ptr<compress::ResidualStore> residuals;
 
   int my_island(int rank) const { return island_of[rank]; }
   size_t count() const { return islands.size(); }

@@ -40,6 +40,20 @@ void inter_island_all_reduce(Transport& flat, const Hierarchy& h, const Buffer& 
                              const std::vector<std::vector<Range>>& partitions, ReduceOp op,
                              std::vector<uint8_t>& scratch, size_t* bytes_sent);
 
+// Whether the cross-island step of `args` goes compressed (h.compress, a
+// float dtype the codec takes, and a sum or average).
+bool compressed_inter(const Hierarchy& h, const CollectiveArgs& args);
+
+// The compressed form of inter_island_all_reduce.  Pieces are the
+// intersections of all islands' partitions, so each piece has one owner per
+// island and is encoded once; every owner reduces the same decoded values
+// (its own included) in island order, so results stay identical on all
+// ranks.  With error feedback the residual of each piece is kept in
+// h.residuals under (group, buffer_key + piece offset).
+void inter_island_all_reduce_compressed(Transport& flat, const Hierarchy& h, const Buffer& buf,
+                                        const std::vector<std::vector<Range>>& partitions, ReduceOp op,
+                                        int64_t buffer_key, size_t* bytes_sent);
+
 }  // namespace hcomm
 
 namespace hcomm {

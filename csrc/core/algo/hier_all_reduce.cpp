@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -33,7 +34,7 @@ struct StageTimes {
   double rs = 0, inter = 0, ag = 0;
 };
 
-StageTimes stage_times(const Hierarchy& h, double bytes) {
+StageTimes stage_times(const Hierarchy& h, double bytes, double wire_ratio = 1.0) {
   StageTimes t;
   for (size_t i = 0; i < h.count(); ++i) {
     const int s = static_cast<int>(h.islands[i].size());
@@ -43,7 +44,7 @@ StageTimes stage_times(const Hierarchy& h, double bytes) {
     // The island's uplink carries each shard once per other island; ranks
     // that share it divide its bandwidth.
     const int sharing = h.uplink_sharing.empty() ? 1 : std::max(1, h.uplink_sharing[i]);
-    const double out_bytes = bytes / s * sharing * (h.count() - 1);
+    const double out_bytes = bytes * wire_ratio / s * sharing * (h.count() - 1);
     t.inter = std::max(t.inter, h.inter_link.alpha * (h.count() - 1) + out_bytes / h.inter_link.beta);
   }
   return t;
@@ -54,12 +55,19 @@ double pipelined(const StageTimes& per_chunk, int chunks) {
   return per_chunk.rs + per_chunk.inter + per_chunk.ag + (chunks - 1) * slowest;
 }
 
-int best_chunks(const Hierarchy& h, double bytes) {
+// Bytes on the wire per byte of data on the inter tier.
+double wire_ratio(const Hierarchy& h, const CollectiveArgs& args) {
+  if (!compressed_inter(h, args)) return 1.0;
+  const double n = 1 << 20;
+  return compress::encoded_bytes(static_cast<int64_t>(n), h.wire) / (n * dtype_size(args.input.dtype));
+}
+
+int best_chunks(const Hierarchy& h, double bytes, double ratio) {
   int best = 1;
-  double best_t = pipelined(stage_times(h, bytes), 1);
+  double best_t = pipelined(stage_times(h, bytes, ratio), 1);
   for (int c = 2; c <= kMaxChunks; c *= 2) {
     if (bytes / c < kMinChunkBytes) break;
-    double t = pipelined(stage_times(h, bytes / c), c);
+    double t = pipelined(stage_times(h, bytes / c, ratio), c);
     if (t < best_t) best = c, best_t = t;
   }
   return best;
@@ -111,8 +119,9 @@ class HierAllReduce final : public Algorithm {
   double cost(const CollectiveArgs& args, const AlgoContext& ctx) const override {
     const Hierarchy& h = *ctx.hierarchy;
     const double bytes = static_cast<double>(args.input.bytes());
-    const int c = best_chunks(h, bytes);
-    return pipelined(stage_times(h, bytes / c), c) + bytes / ctx.reduce_bandwidth;
+    const double ratio = wire_ratio(h, args);
+    const int c = best_chunks(h, bytes, ratio);
+    return pipelined(stage_times(h, bytes / c, ratio), c) + bytes / ctx.reduce_bandwidth;
   }
   void run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& record) const override;
 };
@@ -125,7 +134,7 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   const int me = h.island_of[rank];
   const int local = h.local_index[rank];
   const Buffer buf = args.input;
-  const int chunks = best_chunks(h, static_cast<double>(buf.bytes()));
+  const int chunks = best_chunks(h, static_cast<double>(buf.bytes()), wire_ratio(h, args));
   const std::vector<int64_t> chunk_counts = even_counts(buf.count, chunks);
   const std::vector<int64_t> chunk_off = offsets_of(chunk_counts);
   record.chunk_bytes = static_cast<size_t>(chunk_counts.empty() ? 0 : chunk_counts[0]) * dtype_size(buf.dtype);
@@ -151,7 +160,16 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   Progress rs_done, x_done;
   std::exception_ptr rs_error, x_error;
 
-  std::thread rs_thread([&] {
+  // One chunk: no pipeline to fill, so run the stages in turn on this thread
+  // (three thread start-ups would dominate a small message).
+  auto spawn = [chunks](std::function<void()> fn) {
+    if (chunks == 1) {
+      fn();
+      return std::thread();
+    }
+    return std::thread(std::move(fn));
+  };
+  std::thread rs_thread = spawn([&] {
     std::vector<uint8_t> scratch;
     AlgoContext local_ctx = ctx;
     local_ctx.scratch = &scratch;
@@ -170,14 +188,20 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
       rs_done.fail();
     }
   });
-  std::thread x_thread([&] {
+  std::thread x_thread = spawn([&] {
     std::vector<uint8_t> scratch;
     try {
       for (int k = 0; k < chunks; ++k) {
         if (!rs_done.wait_for(k)) throw Error(ErrorKind::kRuntime, "hcomm: hier all_reduce: intra-island stage failed");
         auto t0 = clock::now();
         auto parts = partitions_of(k);
-        inter_island_all_reduce(flat, h, buf, parts, args.reduce, scratch, &inter_bytes);
+        if (compressed_inter(h, args))
+          inter_island_all_reduce_compressed(flat, h, buf, parts, args.reduce,
+                                             // Residuals keyed by buffer length and offset (a
+                                             // DDP bucket keeps its length step to step).
+                                             static_cast<int64_t>(buf.count) << 32, &inter_bytes);
+        else
+          inter_island_all_reduce(flat, h, buf, parts, args.reduce, scratch, &inter_bytes);
         if (args.reduce == ReduceOp::kAvg) {
           Range mine = parts[me][local];
           kernels::divide_by(buf.slice(mine.begin, 0).data, mine.size(), buf.dtype, flat.size());
@@ -205,8 +229,8 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
     rs_done.fail();
     x_done.fail();
   }
-  rs_thread.join();
-  x_thread.join();
+  if (rs_thread.joinable()) rs_thread.join();
+  if (x_thread.joinable()) x_thread.join();
   if (rs_error) std::rethrow_exception(rs_error);
   if (x_error) std::rethrow_exception(x_error);
   if (ag_error) std::rethrow_exception(ag_error);
