@@ -36,7 +36,17 @@ ProcessGroupHComm::ProcessGroupHComm(const c10::intrusive_ptr<c10d::Store>&, int
   TORCH_CHECK_VALUE(host_backend_->getRank() == rank && host_backend_->getSize() == size,
                     "hcomm: host backend is rank ", host_backend_->getRank(), " of ", host_backend_->getSize(),
                     ", expected rank ", rank, " of ", size);
-  comm_ = std::make_unique<Communicator>(std::make_shared<C10dTransport>(host_backend_, timeout), std::move(config));
+  transport_ = std::make_shared<C10dTransport>(host_backend_, timeout);
+  comm_ = std::make_unique<Communicator>(transport_, std::move(config));
+}
+
+void ProcessGroupHComm::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  host_backend_->setTimeout(timeout);
+  transport_->set_timeout(timeout);
+  if (island_backend_) island_backend_->setTimeout(timeout);
+  if (auto h = comm_->hierarchy())
+    if (auto intra = std::dynamic_pointer_cast<C10dTransport>(h->intra)) intra->set_timeout(timeout);
 }
 
 ProcessGroupHComm::~ProcessGroupHComm() {
