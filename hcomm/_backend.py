@@ -24,7 +24,7 @@ HCOMM_ALGO = declare(
 )
 HCOMM_DEBUG = declare(
     "HCOMM_DEBUG", False,
-    "before each collective, all ranks compare op, dtype, element count and root/split sizes; "
+    "before each collective, all ranks compare op, dtype, element count, shape, reduce op/root and split sizes; "
     "a mismatch raises an error naming the disagreeing rank (costs one small all-gather per op)",
 )
 HCOMM_LINK_ALPHA = declare(

@@ -246,6 +246,15 @@ def set_compression(spec, group=None) -> None:
         backend.set_compression(-1)
 
 
+def set_timeout(timeout, group=None) -> None:
+    """Change ``group``'s timeout (a ``timedelta``) for the ops issued from now on.
+
+    torch's ``_set_pg_timeout`` only reaches gloo and NCCL groups; this is its
+    hcomm counterpart (torchtitan shortens the timeout after the first step).
+    """
+    _backend(group)._set_default_timeout(timeout)
+
+
 def algorithms() -> List[tuple]:
     """The algorithm table: (name, description), in preference order."""
     from hcomm import _C

@@ -189,7 +189,7 @@ void Communicator::debug_check(const CollectiveArgs& a, uint64_t seq) {
     for (int64_t v : c) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
     return static_cast<int64_t>(h);
   };
-  int64_t count = a.input.count, shape = 0;
+  int64_t count = a.input.count, shape = a.shape_hash;
   switch (a.kind) {
     case OpKind::kAllGatherV: count = a.output.count; shape = counts_hash(a.output_counts); break;
     case OpKind::kReduceScatterV: count = a.input.count; shape = counts_hash(a.input_counts); break;
@@ -205,7 +205,8 @@ void Communicator::debug_check(const CollectiveArgs& a, uint64_t seq) {
   for (int i = 0; i < 6; ++i) all[rank_ * 6 + i] = mine[i];
   Buffer out{all.data(), static_cast<int64_t>(all.size()), DType::kInt64};
   ring_all_gather_inplace(*flat_, out, std::vector<int64_t>(size_, 6));
-  static const char* fields[] = {"sequence number", "op", "dtype", "element count", "reduce op/root", "split sizes"};
+  static const char* fields[] = {"sequence number", "op", "dtype", "element count", "reduce op/root",
+                                 "shape or split sizes"};
   auto show = [&](int i, int64_t v) -> std::string {
     if (i == 1) return op_name(static_cast<OpKind>(v));
     if (i == 2) return dtype_name(static_cast<DType>(v));

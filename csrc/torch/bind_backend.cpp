@@ -69,6 +69,11 @@ void bind_torch(py::module_& m) {
              const c10d::ReduceOp& op) { return pg.reduce_scatter_v(out, in, std::move(counts), op); },
           py::arg("output"), py::arg("input"), py::arg("counts"), py::arg("op"),
           py::call_guard<py::gil_scoped_release>())
+      // Same name as on ProcessGroupGloo/NCCL (torch's _set_pg_timeout only
+      // reaches those two, so hcomm.set_timeout calls this).
+      .def("_set_default_timeout", [](ProcessGroupHComm& pg, std::chrono::milliseconds timeout) {
+        pg.setTimeout(timeout);
+      }, py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("history", [](ProcessGroupHComm& pg) {
         py::list out;
         for (const auto& r : pg.communicator().history()) out.append(record_to_dict(r));

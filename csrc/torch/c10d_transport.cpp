@@ -40,10 +40,16 @@ void guarded(const std::string& library, int rank, const char* what, F fn) {
 
 class WorkPending final : public Pending {
  public:
-  WorkPending(c10::intrusive_ptr<c10d::Work> work, std::string library, int rank, const char* what)
-      : work_(std::move(work)), library_(std::move(library)), rank_(rank), what_(what) {}
+  WorkPending(c10::intrusive_ptr<c10d::Work> work, std::string library, int rank, const char* what,
+              std::chrono::milliseconds timeout)
+      : work_(std::move(work)), library_(std::move(library)), rank_(rank), what_(what), timeout_(timeout) {}
   void wait() override {
-    guarded(library_, rank_, what_, [&] { work_->wait(); });
+    // Explicit: gloo's p2p waits otherwise use the timeout its context was created with.
+    bool done = true;
+    guarded(library_, rank_, what_, [&] { done = work_->wait(timeout_); });
+    if (!done)
+      throw Error(ErrorKind::kTimeout, "hcomm: " + library_ + " " + what_ + " on rank " + std::to_string(rank_) +
+                                           " timed out after " + std::to_string(timeout_.count()) + " ms");
     source_ = what_[0] == 'r' ? work_->sourceRank() : -1;
   }
   int source() const override { return source_; }
@@ -53,13 +59,14 @@ class WorkPending final : public Pending {
   std::string library_;
   int rank_;
   const char* what_;
+  std::chrono::milliseconds timeout_;
   int source_ = -1;
 };
 
 }  // namespace
 
 C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
-    : backend_(std::move(backend)), timeout_(timeout), rank_(backend_->getRank()), size_(backend_->getSize()),
+    : backend_(std::move(backend)), timeout_ms_(timeout.count()), rank_(backend_->getRank()), size_(backend_->getSize()),
       library_(backend_->getBackendName()) {}
 
 // What torch's gloo reduces itself (probed on torch 2.13): every dtype but
@@ -98,7 +105,7 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
         std::vector<at::Tensor> ts{from_buffer(a.input)};
         c10d::AllreduceOptions o;
         o.reduceOp = to_c10d(a.reduce);
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->allreduce(ts, o);
         break;
       }
@@ -107,7 +114,7 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
         c10d::ReduceOptions o;
         o.reduceOp = to_c10d(a.reduce);
         o.rootRank = a.root;
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->reduce(ts, o);
         break;
       }
@@ -115,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
         at::Tensor out = from_buffer(a.output), in = from_buffer(a.input);
         c10d::ReduceScatterOptions o;
         o.reduceOp = to_c10d(a.reduce);
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->_reduce_scatter_base(out, in, o);
         break;
       }
@@ -123,14 +130,14 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
         std::vector<at::Tensor> ts{bytes_view(a.input)};
         c10d::BroadcastOptions o;
         o.rootRank = a.root;
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->broadcast(ts, o);
         break;
       }
       case OpKind::kAllGather: {
         at::Tensor out = bytes_view(a.output), in = bytes_view(a.input);
         c10d::AllgatherOptions o;
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->_allgather_base(out, in, o);
         break;
       }
@@ -139,7 +146,7 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
         at::Tensor out = bytes_view(a.output), in = bytes_view(a.input);
         std::vector<int64_t> send = a.input_counts, recv = a.output_counts;
         c10d::AllToAllOptions o;
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->alltoall_base(out, in, recv, send, o);
         break;
       }
@@ -152,7 +159,7 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
           out.clear();
         c10d::GatherOptions o;
         o.rootRank = a.root;
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->gather(out, in, o);
         break;
       }
@@ -165,13 +172,13 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
           in.clear();
         c10d::ScatterOptions o;
         o.rootRank = a.root;
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->scatter(out, in, o);
         break;
       }
       case OpKind::kBarrier: {
         c10d::BarrierOptions o;
-        o.timeout = timeout_;
+        o.timeout = timeout();
         work = backend_->barrier(o);
         break;
       }
@@ -183,7 +190,7 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
 
 void C10dTransport::run(const CollectiveArgs& a) {
   auto work = issue(a);
-  guarded(library_, rank_, op_name(a.kind), [&] { work->wait(timeout_); });
+  guarded(library_, rank_, op_name(a.kind), [&] { work->wait(timeout()); });
 }
 
 bool C10dTransport::start(const CollectiveArgs& a, std::function<void(std::exception_ptr)> done) {
@@ -201,7 +208,7 @@ bool C10dTransport::start(const CollectiveArgs& a, std::function<void(std::excep
   } catch (const c10::Error&) {
     // Another library's Work without a future: the op is already issued, so
     // wait for it on a thread of its own rather than block the caller.
-    std::thread([work, done = std::move(done), library, rank, what, timeout = timeout_] {
+    std::thread([work, done = std::move(done), library, rank, what, timeout = timeout()] {
       std::exception_ptr error;
       try {
         guarded(library, rank, what, [&] { work->wait(timeout); });
@@ -232,7 +239,7 @@ std::unique_ptr<Pending> C10dTransport::isend(const Buffer& buf, int peer, int t
   std::vector<at::Tensor> ts{bytes_view(buf)};
   c10::intrusive_ptr<c10d::Work> work;
   guarded(library_, rank_, "send", [&] { work = backend_->send(ts, peer, tag); });
-  return std::make_unique<WorkPending>(std::move(work), library_, rank_, "send");
+  return std::make_unique<WorkPending>(std::move(work), library_, rank_, "send", timeout());
 }
 
 std::unique_ptr<Pending> C10dTransport::irecv(const Buffer& buf, int peer, int tag) {
@@ -241,7 +248,7 @@ std::unique_ptr<Pending> C10dTransport::irecv(const Buffer& buf, int peer, int t
   guarded(library_, rank_, "recv", [&] {
     work = peer < 0 ? backend_->recvAnysource(ts, tag) : backend_->recv(ts, peer, tag);
   });
-  return std::make_unique<WorkPending>(std::move(work), library_, rank_, "recv");
+  return std::make_unique<WorkPending>(std::move(work), library_, rank_, "recv", timeout());
 }
 
 }  // namespace hcomm

@@ -6,6 +6,8 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
+
 #include "core/transport.h"
 
 namespace hcomm {
@@ -21,7 +23,9 @@ class C10dTransport final : public Transport {
   bool start(const CollectiveArgs& args, std::function<void(std::exception_ptr)> done) override;
   std::unique_ptr<Pending> isend(const Buffer& buf, int peer, int tag) override;
   std::unique_ptr<Pending> irecv(const Buffer& buf, int peer, int tag) override;
-  std::chrono::milliseconds timeout() const override { return timeout_; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(timeout_ms_.load()); }
+  // ProcessGroupHComm::setTimeout (torch's _set_pg_timeout): later ops use it.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_.store(timeout.count()); }
   const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
 
  private:
@@ -29,7 +33,7 @@ class C10dTransport final : public Transport {
   c10::intrusive_ptr<c10d::Work> issue(const CollectiveArgs& args);
 
   c10::intrusive_ptr<c10d::Backend> backend_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<int64_t> timeout_ms_;  // set from the caller's thread, read on the worker
   int rank_, size_;
   std::string library_;
 };

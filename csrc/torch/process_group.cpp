@@ -36,7 +36,17 @@ ProcessGroupHComm::ProcessGroupHComm(const c10::intrusive_ptr<c10d::Store>&, int
   TORCH_CHECK_VALUE(host_backend_->getRank() == rank && host_backend_->getSize() == size,
                     "hcomm: host backend is rank ", host_backend_->getRank(), " of ", host_backend_->getSize(),
                     ", expected rank ", rank, " of ", size);
-  comm_ = std::make_unique<Communicator>(std::make_shared<C10dTransport>(host_backend_, timeout), std::move(config));
+  transport_ = std::make_shared<C10dTransport>(host_backend_, timeout);
+  comm_ = std::make_unique<Communicator>(transport_, std::move(config));
+}
+
+void ProcessGroupHComm::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  host_backend_->setTimeout(timeout);
+  transport_->set_timeout(timeout);
+  if (island_backend_) island_backend_->setTimeout(timeout);
+  if (auto h = comm_->hierarchy())
+    if (auto intra = std::dynamic_pointer_cast<C10dTransport>(h->intra)) intra->set_timeout(timeout);
 }
 
 ProcessGroupHComm::~ProcessGroupHComm() {
@@ -175,6 +185,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::broadcast(std::vector<at::Tens
   CollectiveArgs a;
   a.kind = OpKind::kBroadcast;
   a.input = a.output = to_buffer(t.work);
+  a.shape_hash = shape_hash(t.user);
   a.root = static_cast<int>(opts.rootRank);
   return run(std::move(a), c10d::OpType::BROADCAST, {t.work, t.user}, t.copy_back(), tensors, "hcomm:broadcast");
 }
@@ -188,6 +199,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce(std::vector<at::Tens
   CollectiveArgs a;
   a.kind = OpKind::kAllReduce;
   a.input = a.output = to_buffer(t.work);
+  a.shape_hash = shape_hash(t.user);
   a.reduce = to_hcomm_op(opts.reduceOp, t.work.scalar_type());
   return run(std::move(a), c10d::OpType::ALLREDUCE, {t.work, t.user}, t.copy_back(), tensors, "hcomm:all_reduce");
 }
@@ -246,6 +258,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce(std::vector<at::Tensor>
   CollectiveArgs a;
   a.kind = OpKind::kReduce;
   a.input = a.output = to_buffer(work);
+  a.shape_hash = shape_hash(user);
   a.reduce = to_hcomm_op(opts.reduceOp, work.scalar_type());
   a.root = root;
   return run(std::move(a), c10d::OpType::REDUCE, {work, user}, after, tensors, "hcomm:reduce");

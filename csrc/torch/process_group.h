@@ -18,6 +18,8 @@
 
 namespace hcomm {
 
+class C10dTransport;
+
 class ProcessGroupHComm final : public c10d::Backend {
  public:
   ProcessGroupHComm(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -27,7 +29,9 @@ class ProcessGroupHComm final : public c10d::Backend {
 
   const std::string getBackendName() const override { return "hcomm"; }
   bool supportsCoalescing() const override { return true; }
-  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  // torch's _set_pg_timeout (torchtitan shortens the timeout after the first
+  // step): applies to this group's gloo groups and to ops issued from now on.
+  void setTimeout(std::chrono::milliseconds timeout) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
@@ -100,6 +104,7 @@ class ProcessGroupHComm final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Backend> host_backend_;
   c10::intrusive_ptr<c10d::Backend> device_backend_;
+  std::shared_ptr<C10dTransport> transport_;  // the flat transport inside comm_
   std::unique_ptr<Communicator> comm_;
   std::chrono::milliseconds timeout_;
   bool coalescing_ = false;

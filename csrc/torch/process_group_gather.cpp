@@ -90,6 +90,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::_allgather_base(at::Tensor& ou
   a.kind = OpKind::kAllGather;
   a.input = to_buffer(in);
   a.output = to_buffer(out);
+  a.shape_hash = shape_hash(input);
   return run(std::move(a), c10d::OpType::_ALLGATHER_BASE, {in, out, output}, copy_into(output, out), {output},
              "hcomm:all_gather_into_tensor");
 }
@@ -224,6 +225,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::_reduce_scatter_base(at::Tenso
   a.kind = OpKind::kReduceScatter;
   a.input = to_buffer(in);
   a.output = to_buffer(out);
+  a.shape_hash = shape_hash(output);
   a.reduce = to_hcomm_op(opts.reduceOp, in.scalar_type());
   return run(std::move(a), c10d::OpType::_REDUCE_SCATTER_BASE, {in, out, output}, copy_into(output, out), {output},
              "hcomm:reduce_scatter_tensor");

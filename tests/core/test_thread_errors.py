@@ -128,7 +128,7 @@ def test_debug_check_names_a_split_size_disagreement():
     # Each rank's call is valid on its own (its block matches its output) but the splits differ.
     ins = [_z(4), _z(4)]
     outs = [_z(2), _z(3)]
-    with pytest.raises(hcomm.HCommError, match=r"rank 1 disagrees on split sizes"):
+    with pytest.raises(hcomm.HCommError, match=r"rank 1 disagrees on shape or split sizes"):
         local.run(2, "reduce_scatter_v", torch.float32, ins, outs, input_counts=[[2, 2], [1, 3]],
                   debug=True, timeout_ms=5000)
 

@@ -145,3 +145,28 @@ def test_direct_api_on_subgroups(pool, k):
     want = [float(q) for q in range(k) for _ in range(q + 1)]
     res = pool.run(case_subgroup_direct, k)
     assert res[:k] == [want] * k and res[k:] == [None] * (pool.world - k)
+
+
+def case_forced_algorithm_env(ctx):
+    import os
+
+    import hcomm
+
+    os.environ["HCOMM_ALGO"] = "ring"
+    try:
+        g = dist.new_group(backend="hcomm")
+    finally:
+        del os.environ["HCOMM_ALGO"]
+    t = torch.full((5,), float(ctx.rank))
+    dist.all_reduce(t, group=g)
+    b = torch.full((3,), float(ctx.rank))
+    dist.broadcast(b, src=2, group=g)  # ring cannot broadcast: the cost model's choice runs
+    ops = [(rec["op"], rec["algorithm"]) for rec in hcomm.history(group=g)[-2:]]
+    return t.tolist(), b.tolist(), ops
+
+
+def test_hcomm_algo_env_forces_the_algorithm_where_it_applies(pool):
+    s = float(sum(range(pool.world)))
+    for t, b, ops in pool.run(case_forced_algorithm_env):
+        assert t == [s] * 5 and b == [2.0] * 3
+        assert ops[0] == ("all_reduce", "ring") and ops[1][0] == "broadcast" and ops[1][1] != "ring"

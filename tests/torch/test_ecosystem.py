@@ -140,3 +140,27 @@ def case_dtensor(ctx):
 
 def test_dtensor_redistribute_matches_gloo(pool):
     assert pool.run(case_dtensor) == [([True] * 5, True, True)] * pool.world
+
+
+def case_object_collectives(ctx):
+    h, r, w = ctx.hcomm, ctx.rank, ctx.world
+    gathered = [None] * w
+    dist.all_gather_object(gathered, {"rank": r, "name": "x" * (r * 50)}, group=h)
+    objs = [{"cfg": [1, 2, 3]}, "second"] if r == 1 else [None, None]
+    dist.broadcast_object_list(objs, src=1, group=h)
+    out = [None]
+    dist.scatter_object_list(out, [f"to-{q}" for q in range(w)] if r == 0 else None, src=0, group=h)
+    g = [None] * w if r == 3 else None
+    dist.gather_object(("from", r), g, dst=3, group=h)
+    return gathered, objs, out[0], g
+
+
+def test_object_collectives_on_hcomm(pool):
+    w = pool.world
+    res = pool.run(case_object_collectives)
+    for r, (gathered, objs, scattered, g) in enumerate(res):
+        assert gathered == [{"rank": q, "name": "x" * (q * 50)} for q in range(w)]
+        assert objs == [{"cfg": [1, 2, 3]}, "second"]
+        assert scattered == f"to-{r}"
+        assert g == ([("from", q) for q in range(w)] if r == 3 else None)
+

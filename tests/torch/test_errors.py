@@ -138,6 +138,8 @@ def case_debug_mismatch(ctx, what):
         call = lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM, group=h)  # noqa: E731
     elif what == "root":
         call = lambda: dist.broadcast(torch.zeros(4), src=1 if odd else 0, group=h)  # noqa: E731
+    elif what == "shape":  # same element count, different shape
+        call = lambda: dist.all_reduce(torch.zeros(2, 2) if odd else torch.zeros(4), group=h)  # noqa: E731
     elif what == "kind":
         call = lambda: (dist.broadcast(torch.zeros(4), src=0, group=h) if odd  # noqa: E731
                         else dist.all_reduce(torch.zeros(4), group=h))
@@ -148,7 +150,8 @@ def case_debug_mismatch(ctx, what):
 
 
 @pytest.mark.parametrize("what,field", [("count", "element count"), ("dtype", "dtype"), ("op", "reduce op/root"),
-                                        ("root", "reduce op/root"), ("kind", "op")])
+                                        ("root", "reduce op/root"), ("kind", "op"),
+                                        ("shape", "shape or split sizes")])
 def test_hcomm_debug_names_the_disagreeing_rank(pool, what, field):
     res = pool.run(case_debug_mismatch, what)
     for rank, (err, in_step) in enumerate(res):

@@ -28,6 +28,9 @@ def case_init(ctx):
     ctx.state["ring"] = dist.new_group(backend="hcomm", timeout=t)
     ctx.state["hang_native"] = dist.new_group(backend="hcomm", timeout=t)
     ctx.state["hang_ring"] = dist.new_group(backend="hcomm", timeout=t)
+    long = datetime.timedelta(seconds=60)
+    ctx.state["retimed_native"] = dist.new_group(backend="hcomm", timeout=long)
+    ctx.state["retimed_ring"] = dist.new_group(backend="hcomm", timeout=long)
     x = torch.ones(2)
     dist.all_reduce(x, group=ctx.state["native"])
     return x.tolist()
@@ -89,6 +92,44 @@ def test_a_peer_that_never_joins_makes_the_others_time_out(fault_pool):
         assert native[0] == "DistBackendError" and "hcomm" in native[1], native
         assert ring[0] == "HCommError" and "hcomm" in ring[1], ring
         assert GROUP_TIMEOUT_S - 0.5 < seconds < GROUP_TIMEOUT_S + 3.0, seconds
+
+
+def case_retimed_group_hangs(ctx):
+    """torchtitan-style: a group created with a long timeout, shortened later.
+
+    torch's _set_pg_timeout only reaches gloo and NCCL backends (it warns for
+    others), so this calls what it calls on them, _set_default_timeout, and
+    hcomm's own hcomm.collectives.set_timeout.
+    """
+    import hcomm
+
+    from hcomm.collectives import set_timeout
+
+    short = datetime.timedelta(seconds=2)
+    ctx.state["retimed_native"]._get_backend(torch.device("cpu"))._set_default_timeout(short)
+    set_timeout(short, group=ctx.state["retimed_ring"])
+    if ctx.rank == 2:
+        time.sleep(5.0)
+        return None
+    t0 = time.monotonic()
+    works = [dist.all_reduce(torch.ones(10), group=ctx.state["retimed_native"], async_op=True),
+             hcomm.all_reduce(torch.ones(10, dtype=torch.int16), group=ctx.state["retimed_ring"], async_op=True)]
+    errors = []
+    for work in works:
+        try:
+            work.wait()
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001
+            errors.append(type(e).__name__)
+    return errors, time.monotonic() - t0
+
+
+def test_set_default_timeout_shortens_the_timeout_of_both_paths(fault_pool):
+    res = fault_pool.run(case_retimed_group_hangs, timeout_s=30)
+    for rank in (0, 1):
+        errors, seconds = res[rank]
+        assert errors == ["DistBackendError", "HCommError"], errors
+        assert seconds < 2.0 + 3.0, seconds
 
 
 def test_survivors_of_a_dead_peer_raise_within_the_group_timeout(fault_pool):
