@@ -17,7 +17,7 @@ from hcomm._backend import register as _register
 from hcomm.collectives import (  # noqa: F401
     ReduceOp, algorithms, all_gather, all_gather_v, all_reduce, all_to_all, all_to_all_v, barrier, broadcast,
     clear_history, gather, history, last_op, plan, predict, recv, reduce, reduce_scatter, reduce_scatter_v,
-    scatter, send, set_algorithm, set_compression,
+    scatter, send, set_algorithm, set_compression, set_timeout,
 )
 
 from hcomm.topology import topology  # noqa: F401,E402
