@@ -85,6 +85,21 @@ void inter_island_all_reduce(Transport& flat, const Hierarchy& h, const Buffer& 
 
 namespace hcomm {
 
+bool hier_applies(const CollectiveArgs& a, const AlgoContext& ctx, std::initializer_list<OpKind> kinds,
+                  bool contiguous, std::string* why) {
+  auto no = [why](const char* reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  bool kind_ok = false;
+  for (OpKind k : kinds) kind_ok = kind_ok || a.kind == k;
+  if (!kind_ok) return no("");
+  if (ctx.hierarchy == nullptr || ctx.hierarchy->count() < 2) return no("the group spans one island");
+  if (contiguous && !islands_contiguous(*ctx.hierarchy)) return no("islands are not contiguous rank ranges");
+  if (a.input.device != DeviceKind::kCPU) return no("device buffers need host staging, not implemented yet");
+  return true;
+}
+
 bool islands_contiguous(const Hierarchy& h) {
   for (const auto& members : h.islands)
     for (size_t i = 1; i < members.size(); ++i)

@@ -9,6 +9,8 @@
 // crosses the slow tier once per destination island.
 #pragma once
 
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "core/algo/algorithm.h"
@@ -57,6 +59,12 @@ void inter_island_all_reduce_compressed(Transport& flat, const Hierarchy& h, con
 }  // namespace hcomm
 
 namespace hcomm {
+
+// The checks every hierarchical algorithm's supports() starts with: `args`
+// is one of `kinds`, the group spans more than one island, the buffers are on
+// the host, and (when `contiguous`) islands are contiguous rank ranges.
+bool hier_applies(const CollectiveArgs& args, const AlgoContext& ctx, std::initializer_list<OpKind> kinds,
+                  bool contiguous, std::string* why);
 
 // Whether every island is a contiguous run of global ranks (how torchrun and
 // the emulator number them); the hierarchical gather/scatter family needs it

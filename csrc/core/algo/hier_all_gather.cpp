@@ -22,19 +22,7 @@ class HierAllGather final : public Algorithm {
     return "hierarchical all-gather: blocks cross islands once by overlap, then intra-island all-gathers";
   }
   bool supports(const CollectiveArgs& a, const AlgoContext& ctx, std::string* why) const override {
-    if (a.kind != OpKind::kAllGather && a.kind != OpKind::kAllGatherV) {
-      if (why) why->clear();
-      return false;
-    }
-    if (ctx.hierarchy == nullptr || ctx.hierarchy->count() < 2) {
-      if (why) *why = "the group spans one island";
-      return false;
-    }
-    if (!islands_contiguous(*ctx.hierarchy)) {
-      if (why) *why = "islands are not contiguous rank ranges";
-      return false;
-    }
-    return a.input.device == DeviceKind::kCPU;
+    return hier_applies(a, ctx, {OpKind::kAllGather, OpKind::kAllGatherV}, true, why);
   }
   double cost(const CollectiveArgs& a, const AlgoContext& ctx) const override {
     const Hierarchy& h = *ctx.hierarchy;

@@ -102,19 +102,8 @@ class HierAllReduce final : public Algorithm {
            "intra-island all-gather; chunk-pipelined; uneven islands";
   }
   bool supports(const CollectiveArgs& args, const AlgoContext& ctx, std::string* why) const override {
-    if (args.kind != OpKind::kAllReduce) {
-      if (why) why->clear();
-      return false;
-    }
-    if (ctx.hierarchy == nullptr || ctx.hierarchy->count() < 2) {
-      if (why) *why = "the group spans one island";
-      return false;
-    }
-    if (args.input.device != DeviceKind::kCPU) {
-      if (why) *why = "device buffers need host staging, not implemented yet";
-      return false;
-    }
-    return reduce_supported(args.input.dtype, args.reduce, why);
+    return hier_applies(args, ctx, {OpKind::kAllReduce}, false, why) &&
+           reduce_supported(args.input.dtype, args.reduce, why);
   }
   double cost(const CollectiveArgs& args, const AlgoContext& ctx) const override {
     const Hierarchy& h = *ctx.hierarchy;

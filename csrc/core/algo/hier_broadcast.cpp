@@ -14,15 +14,7 @@ class HierBroadcast final : public Algorithm {
   const char* name() const override { return "hier_bcast"; }
   const char* description() const override { return "root to one leader per island, then intra-island broadcast"; }
   bool supports(const CollectiveArgs& a, const AlgoContext& ctx, std::string* why) const override {
-    if (a.kind != OpKind::kBroadcast) {
-      if (why) why->clear();
-      return false;
-    }
-    if (ctx.hierarchy == nullptr || ctx.hierarchy->count() < 2) {
-      if (why) *why = "the group spans one island";
-      return false;
-    }
-    return a.input.device == DeviceKind::kCPU;
+    return hier_applies(a, ctx, {OpKind::kBroadcast}, false, why);
   }
   double cost(const CollectiveArgs& a, const AlgoContext& ctx) const override {
     const Hierarchy& h = *ctx.hierarchy;

@@ -24,23 +24,8 @@ class HierReduceScatter final : public Algorithm {
     return "hierarchical reduce-scatter: intra-island reduce-scatters, partials cross islands once by overlap";
   }
   bool supports(const CollectiveArgs& a, const AlgoContext& ctx, std::string* why) const override {
-    if (a.kind != OpKind::kReduceScatter && a.kind != OpKind::kReduceScatterV) {
-      if (why) why->clear();
-      return false;
-    }
-    if (ctx.hierarchy == nullptr || ctx.hierarchy->count() < 2) {
-      if (why) *why = "the group spans one island";
-      return false;
-    }
-    if (!islands_contiguous(*ctx.hierarchy)) {
-      if (why) *why = "islands are not contiguous rank ranges";
-      return false;
-    }
-    if (a.input.device != DeviceKind::kCPU) {
-      if (why) *why = "device buffers need host staging";
-      return false;
-    }
-    return reduce_supported(a.input.dtype, a.reduce, why);
+    return hier_applies(a, ctx, {OpKind::kReduceScatter, OpKind::kReduceScatterV}, true, why) &&
+           reduce_supported(a.input.dtype, a.reduce, why);
   }
   double cost(const CollectiveArgs& a, const AlgoContext& ctx) const override {
     const Hierarchy& h = *ctx.hierarchy;
