@@ -100,7 +100,7 @@ def _emulated(args: argparse.Namespace) -> Optional[int]:
         return None
     spec = load_spec(args.cluster or DEFAULT_PRESET)
     print(f"hcomm demo: all_reduce, hcomm vs gloo, on emulated cluster '{spec.name}' "
-          f"({spec.world_size} ranks in {len(spec.islands())} islands)", flush=True)
+          f"({spec.world_size} ranks in {len(spec.islands)} islands)", flush=True)
     bench = [sys.executable, "-m", "hcomm", "bench", "all_reduce", "--backends", "gloo,hcomm",
              "--min-bytes", "4K", "--max-bytes", str(args.max_bytes), "--step-factor", "4",
              "--iters", str(args.iters), "--warmup", str(args.warmup), "--no-progress"]

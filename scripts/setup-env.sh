@@ -19,6 +19,12 @@ fi
 # Build the extension against the torch in the venv (no build isolation:
 # an isolated build would pull a second torch).
 export MAX_JOBS=${MAX_JOBS:-2}
-"$py" -m pip install -q --no-build-isolation --no-deps -e "$root"
+so=$(ls "$root"/hcomm/_C*.so 2>/dev/null | head -n 1)
+if [ -n "$so" ] && "$py" -c "import hcomm, hcomm._C" >/dev/null 2>&1 \
+   && [ -z "$(find "$root/csrc" "$root/python" "$root/setup.py" -newer "$so" -print -quit)" ]; then
+  :  # built, and no source is newer than the extension
+else
+  "$py" -m pip install -q --no-build-isolation --no-deps -e "$root"
+fi
 "$py" -c "import hcomm, hcomm._C" >/dev/null
 echo "$venv"
