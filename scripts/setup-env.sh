@@ -19,7 +19,7 @@ fi
 # Build the extension against the torch in the venv (no build isolation:
 # an isolated build would pull a second torch).
 export MAX_JOBS=${MAX_JOBS:-2}
-so=$(ls "$root"/hcomm/_C*.so 2>/dev/null | head -n 1)
+so=$(ls "$root"/hcomm/_C*.so 2>/dev/null | head -n 1 || true)
 if [ -n "$so" ] && "$py" -c "import hcomm, hcomm._C" >/dev/null 2>&1 \
    && [ -z "$(find "$root/csrc" "$root/python" "$root/setup.py" -newer "$so" -print -quit)" ]; then
   :  # built, and no source is newer than the extension
