@@ -231,6 +231,31 @@ void Communicator::debug_check(const CollectiveArgs& a, uint64_t seq) {
                                            std::to_string(best_rank) + ")");
     }
   }
+  if (a.kind == OpKind::kAllToAllV) debug_check_splits(a);
+}
+
+// all_to_all_v: what rank q sends to rank r must be what r expects from q,
+// or the exchange hangs or truncates.  Every rank all-gathers every rank's
+// send and receive splits and checks the whole matrix, so all ranks raise
+// the same error, naming both ranks and both counts.
+void Communicator::debug_check_splits(const CollectiveArgs& a) {
+  const size_t n = static_cast<size_t>(size_);
+  std::vector<int64_t> all(2 * n * n);  // per rank: n send splits, then n receive splits
+  for (size_t q = 0; q < n; ++q) {
+    all[rank_ * 2 * n + q] = a.input_counts[q];
+    all[rank_ * 2 * n + n + q] = a.output_counts[q];
+  }
+  Buffer out{all.data(), static_cast<int64_t>(all.size()), DType::kInt64};
+  ring_all_gather_inplace(*flat_, out, std::vector<int64_t>(n, static_cast<int64_t>(2 * n)));
+  for (size_t q = 0; q < n; ++q)
+    for (size_t r = 0; r < n; ++r) {
+      const int64_t sent = all[q * 2 * n + r], expected = all[r * 2 * n + n + q];
+      if (sent != expected)
+        throw Error(ErrorKind::kRuntime, "hcomm (HCOMM_DEBUG): all_to_all_v split mismatch: rank " +
+                                             std::to_string(q) + " sends " + std::to_string(sent) +
+                                             " elements to rank " + std::to_string(r) + ", which expects " +
+                                             std::to_string(expected));
+    }
 }
 
 namespace {

@@ -84,6 +84,7 @@ class Communicator {
  private:
   void remember(const OpRecord& record);
   void debug_check(const CollectiveArgs& args, uint64_t seq);
+  void debug_check_splits(const CollectiveArgs& args);
   AlgoContext context() const;  // flat transport, link model, hierarchy
 
   std::shared_ptr<Transport> flat_;

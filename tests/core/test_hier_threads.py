@@ -170,3 +170,20 @@ def test_forced_algorithm_that_cannot_run_falls_back():
     recs = _C.local_run(3, K["all_reduce"], D["float32"], O["sum"], 0, ins, [None] * 3, [], [], algorithm="hier")
     assert recs[0]["algorithm"] == "ring"  # one island: hier does not apply
     assert all((a == 3).all() for a in ins)
+
+
+def test_debug_check_names_mismatched_all_to_all_v_splits():
+    # rank 0 sends 2 elements to rank 1, but rank 1 expects 3 from rank 0
+    send = [[1, 2], [1, 1]]
+    recv = [[1, 1], [3, 1]]
+    ins = [np.zeros(sum(s), np.float32) for s in send]
+    outs = [np.zeros(sum(r), np.float32) for r in recv]
+    with pytest.raises(hcomm.HCommError, match="rank 0 sends 2 elements to rank 1, which expects 3"):
+        _C.local_run(2, K["all_to_all_v"], D["float32"], O["sum"], 0, ins, outs, send, recv, debug=True,
+                     timeout_ms=3000)
+    # consistent splits pass the check and move the data
+    send, recv = [[1, 2], [3, 1]], [[1, 3], [2, 1]]
+    ins = [np.arange(sum(s), dtype=np.float32) + 10 * r for r, s in enumerate(send)]
+    outs = [np.zeros(sum(r), np.float32) for r in recv]
+    _C.local_run(2, K["all_to_all_v"], D["float32"], O["sum"], 0, ins, outs, send, recv, debug=True)
+    np.testing.assert_array_equal(outs[1], np.array([1, 2, 13], np.float32))
