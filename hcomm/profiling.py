@@ -77,7 +77,7 @@ def _cache_path(topo: Topology) -> str:
     return os.path.join(HCOMM_PROFILE_CACHE.get(), f"links-{topo.signature()}.json")
 
 
-def _pingpong(pg, me: int, peer: int, nbytes: int, reps: int, leader: bool) -> float:
+def _pingpong(pg, peer: int, nbytes: int, reps: int, leader: bool) -> float:
     """Seconds per one-way message of `nbytes` between `me` and `peer` (leader starts)."""
     buf = torch.zeros(max(nbytes, 1), dtype=torch.uint8)
     start = time.perf_counter()
@@ -93,11 +93,11 @@ def _pingpong(pg, me: int, peer: int, nbytes: int, reps: int, leader: bool) -> f
 
 def _probe_pair(pg, me: int, peer: int, leader: bool, budget: float) -> Tuple[float, float]:
     """(alpha, beta) between two ranks of `pg`, within about `budget` seconds."""
-    _pingpong(pg, me, peer, 8, 2, leader)  # connect and warm up
-    alpha = _pingpong(pg, me, peer, 8, 10, leader)
+    _pingpong(pg, peer, 8, 2, leader)  # connect and warm up
+    alpha = _pingpong(pg, peer, 8, 10, leader)
     nbytes = 1 << 18
     while True:
-        t = _pingpong(pg, me, peer, nbytes, 2, leader)
+        t = _pingpong(pg, peer, nbytes, 2, leader)
         # Grow the message until it takes >= 20 ms (bandwidth-bound) or the
         # next size would eat the budget; the leader decides for both.
         grow = torch.tensor([1 if (t < 0.02 and t * 16 < budget / 4 and nbytes < (64 << 20)) else 0])

@@ -12,6 +12,8 @@ counts real errors, never rounding.
 """
 from __future__ import annotations
 
+import abc
+
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -138,7 +140,7 @@ class Buffers:
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
-class Collective:
+class Collective(abc.ABC):
     """Base for one benchmarked operation; subclasses fill in the hooks."""
 
     name = ""
@@ -160,25 +162,30 @@ class Collective:
         g = self.granule(nranks)
         return max(g, (nbytes // elsize) // g * g)
 
+    @abc.abstractmethod
     def busbw_factor(self, nranks: int) -> float:
-        raise NotImplementedError
+        ...
 
     # -- data --------------------------------------------------------------
+    @abc.abstractmethod
     def prepare(self, ctx: Context, count: int) -> Buffers:
         """Allocate the buffers for ``count`` elements (the ``count`` column)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def reset(self, ctx: Context, buf: Buffers) -> None:
         """(Re)write the inputs; called before the checked call."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def run(self, ctx: Context, buf: Buffers) -> None:
         """One synchronous call of the operation."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def wrong(self, ctx: Context, buf: Buffers) -> int:
         """Elements of this rank's result that differ from the exact answer."""
-        raise NotImplementedError
+        ...
 
     def corrupt_target(self, buf: Buffers) -> torch.Tensor:
         """The tensor the corruption hook writes into (an input: the error must

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/kernels/half.h"  // float_to_bits / bits_to_float
 #include "core/kernels/hd.h"
 
 namespace hcomm {
@@ -32,26 +33,6 @@ constexpr float kE5M2Max = 57344.0f;
 // Smallest scale a chunk gets: keeps 1/scale finite for all-tiny chunks.
 constexpr float kMinScale = 1.17549435e-38f;  // 2^-126, FLT_MIN
 
-HCOMM_HD uint32_t bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-
-HCOMM_HD float from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-
 // Both encoders work on the magnitude's bit pattern: for non-negative floats
 // the integer order of the bits is the numeric order, so clamping is an
 // integer min.  Subnormal results use the float-add trick: adding 2^k whose
@@ -59,14 +40,14 @@ HCOMM_HD float from_bits(uint32_t u) {
 // the sum's low mantissa bits are the fp8 code (a result of 8 resp. 4 is the
 // smallest normal, which is also the right code).
 HCOMM_HD uint8_t float_to_e4m3(float f) {
-  uint32_t u = bits(f);
+  uint32_t u = float_to_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t a = u & 0x7fffffffu;
   if (a >= 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);  // NaN, inf
   if (a > 0x43e00000u) a = 0x43e00000u;                              // satfinite: 448
   uint32_t r;
   if (a < 0x3c800000u) {  // below 2^-6: subnormal, step 2^-9 (ulp of 2^14)
-    r = bits(from_bits(a) + 16384.0f) - 0x46800000u;
+    r = float_to_bits(bits_to_float(a) + 16384.0f) - 0x46800000u;
   } else {  // drop 20 mantissa bits with round-to-even, rebias 127 -> 7
     r = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
   }
@@ -74,7 +55,7 @@ HCOMM_HD uint8_t float_to_e4m3(float f) {
 }
 
 HCOMM_HD uint8_t float_to_e5m2(float f) {
-  uint32_t u = bits(f);
+  uint32_t u = float_to_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
@@ -82,7 +63,7 @@ HCOMM_HD uint8_t float_to_e5m2(float f) {
   if (a > 0x47600000u) a = 0x47600000u;                               // satfinite: 57344
   uint32_t r;
   if (a < 0x38800000u) {  // below 2^-14: subnormal, step 2^-16 (ulp of 2^7)
-    r = bits(from_bits(a) + 128.0f) - 0x43000000u;
+    r = float_to_bits(bits_to_float(a) + 128.0f) - 0x43000000u;
   } else {  // drop 21 mantissa bits with round-to-even, rebias 127 -> 15
     r = ((a + 0xfffffu + ((a >> 21) & 1u)) >> 21) - (112u << 2);
   }
@@ -98,9 +79,9 @@ HCOMM_HD float e4m3_to_float(uint8_t b) {
   uint32_t a = b & 0x7fu;
   uint32_t r;
   if (a == 0x7fu) r = 0x7fc00000u;
-  else if (a < 8u) r = bits(static_cast<float>(a) * 0.001953125f);  // 2^-9
+  else if (a < 8u) r = float_to_bits(static_cast<float>(a) * 0.001953125f);  // 2^-9
   else r = (a << 20) + (120u << 23);
-  return from_bits(sign | r);
+  return bits_to_float(sign | r);
 }
 
 // e5m2 is the top byte of an IEEE half; decode it the same way.
@@ -109,9 +90,9 @@ HCOMM_HD float e5m2_to_float(uint8_t b) {
   uint32_t a = b & 0x7fu;
   uint32_t r;
   if (a >= 0x7cu) r = 0x7f800000u | ((a & 3u) << 21) | (a > 0x7cu ? 0x00400000u : 0u);
-  else if (a < 4u) r = bits(static_cast<float>(a) * 1.52587890625e-05f);  // 2^-16
+  else if (a < 4u) r = float_to_bits(static_cast<float>(a) * 1.52587890625e-05f);  // 2^-16
   else r = (a << 21) + (112u << 23);
-  return from_bits(sign | r);
+  return bits_to_float(sign | r);
 }
 
 // The per-chunk scale for a chunk whose largest finite magnitude is `amax`:

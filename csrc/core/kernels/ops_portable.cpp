@@ -23,7 +23,7 @@ struct Scalar {
   static V min(V a, V b) { return (a != a || b != b) ? a + b : (b < a ? b : a); }
   static V max(V a, V b) { return (a != a || b != b) ? a + b : (b > a ? b : a); }
   static V amax_step(V m, V x) {
-    float a = fp8::from_bits(fp8::bits(x) & 0x7fffffffu);
+    float a = bits_to_float(float_to_bits(x) & 0x7fffffffu);
     return (a <= 3.40282347e38f && a > m) ? a : m;
   }
   static float hmax(V m) { return m; }

@@ -100,7 +100,7 @@ float amax(const void* src, int64_t n) {
   for (; i < vec_end; i += O::W) m = O::amax_step(m, O::template load<S>(src, i));
   float r = O::hmax(m);
   for (; i < n; ++i) {
-    float a = fp8::from_bits(fp8::bits(sload<S>(src, i)) & 0x7fffffffu);
+    float a = bits_to_float(float_to_bits(sload<S>(src, i)) & 0x7fffffffu);
     if (a <= 3.40282347e38f && a > r) r = a;  // finite only: NaN and inf compare false
   }
   return r;
