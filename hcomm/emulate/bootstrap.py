@@ -30,6 +30,15 @@ def module_command(module: str) -> List[str]:
     return [sys.executable, "-c", code]
 
 
+def probe_command() -> List[str]:
+    """argv that runs ``probes.py`` as a plain script (arguments follow).
+
+    No package import at all: probes run inside rank cgroups whose quota
+    turns every 10 ms of start-up CPU into up to 130 ms of wall time.
+    """
+    return [sys.executable, "-S", os.path.join(_PACKAGE_DIR, "emulate", "probes.py")]
+
+
 def code_command(code: str) -> List[str]:
     """argv that runs ``code`` with hcomm.emulate importable without hcomm/__init__."""
     return [sys.executable, "-c", _PRELUDE + code]

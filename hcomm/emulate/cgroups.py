@@ -32,16 +32,22 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from hcomm.emulate.bootstrap import code_command
+from hcomm.emulate.bootstrap import probe_command
+from hcomm.settings import declare
 
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("cpu", "memory", "cpuset")
 PERIOD_US = 10_000
 MIN_QUOTA_US = 5_000
 CORE_BUDGET = 0.8
+
+HCOMM_EMU_CORES = declare(
+    "HCOMM_EMU_CORES", "",
+    "comma-separated cores the emulated ranks are pinned to (e.g. 0 or 2,3); default: "
+    "every usable core that calibration finds independent")
 
 
 @dataclass(frozen=True)
@@ -52,34 +58,53 @@ class CpuPlan:
     cpu_of: Dict[int, int]  # rank -> core it is pinned to
     clock: float = 1.0      # quota correction measured by calibrate()
     period_us: int = PERIOD_US
+    retuned: Dict[int, float] = field(default_factory=dict)  # rank -> quota factor (retune.py)
 
     def describe(self) -> str:
-        return (f"speed 1.0 = {self.scale:.2f} core of work (quota "
+        text = (f"speed 1.0 = {self.scale:.2f} core of work (quota "
                 f"{int(self.scale * self.period_us / self.clock)} us per {self.period_us} us period, "
                 f"task-clock factor {self.clock:.2f}); ranks pinned to {self.cores} of "
                 f"{len(available_cores())} cores")
+        if self.retuned:
+            text += "; quotas retuned x" + "/".join(f"{f:.2f}" for _, f in sorted(self.retuned.items()))
+        return text
 
 
 def available_cores() -> List[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _loop(seconds: float, start: float, cpu: int = -1, cgroup: Optional[Tuple[str, int]] = None):
-    code = ("import time\nfrom hcomm.emulate.probes import compute\n"
-            f"print(compute({start!r}, {seconds!r})['iters'])")
+def requested_cores() -> Optional[List[int]]:
+    """The cores ``HCOMM_EMU_CORES`` names, or None when it is unset."""
+    text = HCOMM_EMU_CORES.get().strip()
+    if not text:
+        return None
+    usable = available_cores()
+    try:
+        cores = sorted({int(c) for c in text.split(",") if c.strip()})
+    except ValueError:
+        raise ValueError(f"HCOMM_EMU_CORES={text!r}: expected comma-separated core numbers") from None
+    bad = [c for c in cores if c not in usable]
+    if not cores or bad:
+        raise ValueError(f"HCOMM_EMU_CORES={text!r}: cores {bad or cores} are not usable here "
+                         f"(usable: {usable})")
+    return cores
 
+
+def compute_probe(seconds: float, start: float, cpu: int = -1, cgroup: Optional[Tuple[str, int]] = None):
     def _pre() -> None:
         if cpu >= 0:
             os.sched_setaffinity(0, {cpu})
         if cgroup is not None:
             join(*cgroup)
 
-    return subprocess.Popen(code_command(code), stdout=subprocess.PIPE, text=True,
-                            preexec_fn=_pre)
+    return subprocess.Popen(probe_command() + ["compute", repr(start), repr(seconds)],
+                            stdout=subprocess.PIPE, text=True, preexec_fn=_pre)
 
 
-def _iters(proc) -> int:
-    return int(proc.communicate()[0])
+def probe_rate(proc) -> float:
+    """Iterations per second the compute probe measured."""
+    return float(json.loads(proc.communicate()[0].strip().splitlines()[-1])["rate"])
 
 
 @dataclass(frozen=True)
@@ -113,27 +138,27 @@ def calibrate(run_id: str, rank: int, cache_dir: str) -> Calibration:
         with open(cache) as f:
             saved = json.load(f)
         if saved["all"] == cores and saved["boot"] == boot:
-            return Calibration(saved["cores"], saved["worth"], saved["clock"])
+            return Calibration(requested_cores() or saved["cores"], saved["worth"], saved["clock"])
     except (OSError, ValueError, KeyError):
         pass
-    solo = _iters(_loop(0.4, time.time() + 0.3, cores[0]))
+    solo = probe_rate(compute_probe(0.4, time.time() + 0.3, cores[0]))
     use = cores
     worth = 1.0
     if len(cores) > 1:
         start = time.time() + 0.5
-        worth = sum(_iters(p) for p in [_loop(0.4, start, c) for c in cores]) / max(1, solo)
+        worth = sum(probe_rate(p) for p in [compute_probe(0.4, start, c) for c in cores]) / max(1, solo)
         if worth < 0.75 * len(cores):
             use = cores[: max(1, int(worth + 0.25))]
     path = rank_path("cpu", run_id, rank)
     _write(os.path.join(path, "cpu.cfs_period_us"), PERIOD_US)
     _write(os.path.join(path, "cpu.cfs_quota_us"), PERIOD_US // 5)
     # Start late enough that interpreter start-up under the quota is over.
-    limited = _iters(_loop(0.4, time.time() + 1.0, cgroup=(run_id, rank)))
+    limited = probe_rate(compute_probe(0.4, time.time() + 1.0, cgroup=(run_id, rank)))
     clock = min(5.0, max(0.2, (limited / max(1, solo)) / 0.2))
     os.makedirs(cache_dir, exist_ok=True)
     with open(cache, "w") as f:
         json.dump({"all": cores, "boot": boot, "cores": use, "worth": worth, "clock": clock}, f)
-    return Calibration(use, worth, clock)
+    return Calibration(requested_cores() or use, worth, clock)
 
 
 def plan_cpu(speeds: Dict[int, float], cores: Optional[Sequence[int]] = None,
@@ -153,7 +178,10 @@ def plan_cpu(speeds: Dict[int, float], cores: Optional[Sequence[int]] = None,
         core = min(cores, key=lambda c: (load[c], c))
         cpu_of[r] = core
         load[core] += speeds[r]
-    scale = min(1.0, CORE_BUDGET / max(load.values()))
+    # A clock under 1 (a quota buys less work than it promises) would need
+    # quotas above the core's budget to deliver the promised scale, crowding
+    # out the wire and the agents; shrink the scale instead.
+    scale = min(1.0, CORE_BUDGET / max(load.values())) * min(1.0, clock)
     share = {r: s * scale / clock for r, s in speeds.items()}  # of a core's task clock
     # Quotas much under 5 ms (the CFS bandwidth slice, about a tick) are
     # enforced coarsely -- measured: a 1 ms quota gave 2/3 of its share -- and

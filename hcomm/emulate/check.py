@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from hcomm.emulate import cgroups, launch
-from hcomm.emulate.bootstrap import module_command
+from hcomm.emulate.bootstrap import probe_command
 from hcomm.emulate.cluster import Cluster, _env_with_hcomm
 from hcomm.emulate.units import fmt_bandwidth, fmt_latency, fmt_memory
 
@@ -50,7 +50,7 @@ def _probe(cluster: Cluster, node: int, args: List[str], rank: Optional[int] = N
         if rank is not None:
             cgroups.join(cluster.run_id, rank)
 
-    proc = subprocess.Popen(module_command("hcomm.emulate.probes") + args,
+    proc = subprocess.Popen(probe_command() + args,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_pre, env=_env_with_hcomm(os.environ))
     if args[0] in ("sink", "echo"):
@@ -104,17 +104,22 @@ def check_compute(cluster: Cluster, seconds: float = 3.0) -> Tuple[List[Row], st
     procs = [(r, _probe(cluster, spec.nodes.index(next(n for n in spec.nodes if n.name == r.node)),
                         ["compute", repr(start), repr(seconds)], rank=r.rank, wait=False))
              for r in spec.ranks]
-    iters = {r.rank: _result(p)[1].get("iters", 0) for r, p in procs}
-    fastest = max(iters.values()) or 1
+    results = {r.rank: _result(p)[1] for r, p in procs}
+    rate = {rank: res.get("rate", 0.0) for rank, res in results.items()}
+    fastest = max(rate.values()) or 1.0
     top_speed = max(r.speed for r in spec.ranks)
     rows = []
     for r in spec.ranks:
         want = r.speed / top_speed
-        got = iters[r.rank] / fastest
+        got = rate[r.rank] / fastest
         err = _rel(got, want)
+        # A rate over less than a third of the window is too short to trust.
+        ran = results[r.rank].get("seconds", 0.0)
+        ok = abs(err) <= SPEED_TOL and ran >= seconds / 3
         rows.append(Row(f"speed rank {r.rank} ({r.device})", f"{want:.2f}",
-                        f"{got:.2f} ({iters[r.rank] / seconds / 1e6:.2f} M it/s)",
-                        abs(err) <= SPEED_TOL, err))
+                        f"{got:.2f} ({rate[r.rank] / 1e6:.2f} M it/s"
+                        + ("" if ran >= seconds / 3 else f", ran only {ran:.1f} s") + ")",
+                        ok, err))
     return rows, cluster.cpu_plan.describe()
 
 

@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Union
 
 from hcomm.emulate.bootstrap import module_command
 from hcomm.emulate import cgroups, netns, preflight, state
+from hcomm.emulate.retune import retune
 from hcomm.emulate.spec import ClusterSpec, load_spec
 
 
@@ -154,6 +155,8 @@ class Cluster:
             cgroups.create_rank(self.run_id, r.rank, self.cpu_plan.quota_us[r.rank],
                                 self.cpu_plan.cpu_of[r.rank], r.memory_bytes,
                                 self.cpu_plan.period_us, r.speed)
+        # Measured correction: quotas do not buy work proportionally on a VM.
+        self.cpu_plan = retune(self.run_id, self.cpu_plan, {r.rank: r.speed for r in self.spec.ranks})
 
     def _install_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -15,6 +15,7 @@ from helpers import REPO, hcomm_cli, leftovers
 
 pytestmark = pytest.mark.emulator
 SMALL = os.path.join(os.path.dirname(__file__), "small.yaml")
+ONECORE = os.path.join(os.path.dirname(__file__), "onecore.yaml")
 
 
 def test_up_down_leaves_nothing(emulator):
@@ -56,6 +57,40 @@ def test_links_and_compute_within_tolerance(emulator):
     bad = [r.cells() for r in rows + speed_rows if not r.ok]
     assert not bad, bad
     assert len(rows) == 3 and len(speed_rows) == 2
+
+
+def test_speed_ratios_hold_with_every_rank_on_one_core(emulator, monkeypatch):
+    # The shape of a VM whose two vCPUs share a core: all quotas on core 0,
+    # the slowest one 1/4 of the fastest (0.2 core of work at most in all).
+    monkeypatch.setenv("HCOMM_EMU_CORES", "0")
+    with Cluster(ONECORE) as c:
+        assert set(c.cpu_plan.cpu_of.values()) == {0}
+        rows, scale = check_compute(c, seconds=2.0)
+    bad = [r.cells() for r in rows if not r.ok]
+    assert not bad, (scale, bad)
+    assert [r.configured for r in rows] == ["1.00", "0.50", "0.25"]
+
+
+def test_bad_emu_cores_is_named(monkeypatch):
+    from hcomm.emulate import cgroups
+
+    monkeypatch.setenv("HCOMM_EMU_CORES", "0,9999")
+    with pytest.raises(ValueError, match=r"HCOMM_EMU_CORES='0,9999': cores \[9999\] are not usable"):
+        cgroups.requested_cores()
+    monkeypatch.setenv("HCOMM_EMU_CORES", "zero")
+    with pytest.raises(ValueError, match="expected comma-separated core numbers"):
+        cgroups.requested_cores()
+
+
+def test_compute_probe_rates_only_the_time_it_ran():
+    from hcomm.emulate import probes
+
+    # A probe that starts 0.3 s into a 0.6 s window (as a rank under a tiny
+    # quota does) reports its rate over the 0.3 s it ran, not over 0.6 s.
+    res = probes.compute(time.time() - 0.3, 0.6)
+    assert 0.25 <= res["late"] <= 0.4
+    assert 0.2 <= res["seconds"] <= 0.4
+    assert res["rate"] == pytest.approx(res["iters"] / res["seconds"])
 
 
 def test_two_node_torchrun_job_sees_its_env(emulator):

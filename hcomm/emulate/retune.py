@@ -1,0 +1,73 @@
+"""Closed-loop correction of the rank quotas, measured where the ranks run.
+
+``plan_cpu`` assumes a quota buys work in proportion to its size, with one
+task-clock factor for the whole box.  Virtual machines break that: on the
+dev VM one vCPU delivered 30% less work than the other under the same
+quota, and a 0.8-core quota bought a whole core's work while a 0.4-core one
+bought 0.31.  So after the cgroups exist, every rank's cgroup runs the
+fixed compute probe at once (as a job would load them), each quota is
+scaled by how far its rate is from ``speed x`` the common rate, and the
+round repeats (at most ``ROUNDS``) until every rank is within ``GOAL``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import replace
+from typing import Dict
+
+from hcomm.emulate import cgroups
+
+ROUNDS = 3
+GOAL = 0.08         # relative error in the speed ratio that ends the loop
+WINDOW_S = 1.0      # probe window per round
+MAX_STEP = 2.0      # a round changes a quota by at most this factor
+
+
+def measure(run_id: str, ranks) -> Dict[int, float]:
+    """Compute-probe rate of every rank's cgroup, all running at once."""
+    start = time.time() + 0.6  # under the smallest quota, start-up takes ~0.3 s
+    procs = {r: cgroups.compute_probe(WINDOW_S, start, cgroup=(run_id, r)) for r in ranks}
+    return {r: cgroups.probe_rate(p) for r, p in procs.items()}
+
+
+def errors(rates: Dict[int, float], speeds: Dict[int, float]) -> Dict[int, float]:
+    """Each rank's rate over what its speed asks for, relative to the fastest-per-speed rank."""
+    per_speed = max(rates[r] / speeds[r] for r in rates) or 1.0
+    return {r: rates[r] / (speeds[r] * per_speed) - 1.0 for r in rates}
+
+
+def retune(run_id: str, plan: cgroups.CpuPlan, speeds: Dict[int, float]) -> cgroups.CpuPlan:
+    """Return ``plan`` with quotas corrected by measurement (and written to the cgroups)."""
+    if len(speeds) < 2:
+        return plan
+    quota = dict(plan.quota_us)
+    budget = cgroups.CORE_BUDGET * plan.period_us
+    for _ in range(ROUNDS):
+        rates = measure(run_id, speeds)
+        if min(rates.values()) <= 0:
+            break
+        err = errors(rates, speeds)
+        if max(abs(e) for e in err.values()) <= GOAL:
+            break
+        # Aim every rank at the geometric mean of rate/speed, so quotas move
+        # both ways and the total stays about where the plan put it.
+        target = math.exp(sum(math.log(rates[r] / speeds[r]) for r in rates) / len(rates))
+        for r in quota:
+            step = target * speeds[r] / rates[r]
+            quota[r] = quota[r] * min(MAX_STEP, max(1.0 / MAX_STEP, step))
+        # No core may be promised more than its budget: shrink all alike.
+        per_core: Dict[int, float] = {}
+        for r, q in quota.items():
+            per_core[plan.cpu_of[r]] = per_core.get(plan.cpu_of[r], 0.0) + q
+        over = max(per_core.values()) / budget
+        if over > 1.0:
+            quota = {r: q / over for r, q in quota.items()}
+        quota = {r: max(1000, int(q)) for r, q in quota.items()}
+        for r, q in quota.items():
+            cgroups._write(os.path.join(cgroups.rank_path("cpu", run_id, r), "cpu.cfs_quota_us"), q)
+    factors = {r: quota[r] / plan.quota_us[r] for r in quota}
+    if all(abs(f - 1.0) < 1e-9 for f in factors.values()):
+        return plan
+    return replace(plan, quota_us=quota, retuned=factors)
