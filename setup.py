@@ -36,6 +36,9 @@ def _want_cuda():
     return has_toolkit
 
 
+LINK_ARGS = ["-lpthread", "-lrt"]  # rt: shm_open on glibc < 2.34
+
+
 def _extension():
     from torch.utils import cpp_extension
 
@@ -54,11 +57,12 @@ def _extension():
             "hcomm._C", sources, include_dirs=[os.path.join(ROOT, "csrc"), ROOT],
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--expt-relaxed-constexpr"]},
+            extra_link_args=LINK_ARGS,
         )
     return cpp_extension.CppExtension(
         "hcomm._C", cpp, include_dirs=[os.path.join(ROOT, "csrc"), ROOT],
         define_macros=define_macros, extra_compile_args={"cxx": cxx_flags},
-        extra_link_args=["-lpthread"],
+        extra_link_args=LINK_ARGS,
     )
 
 

@@ -67,7 +67,18 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
         members = topo.islands[me]
         island_pg = dist.ProcessGroupGloo(dist.PrefixStore(f"hcomm/island/{me}", store),
                                           members.index(rank), len(members), timeout)
-    topo.links = resolve(topo, rank, host, island_pg)
+    shm = None
+    if island_pg is not None:
+        from hcomm import shm as shm_mod
+
+        shm = shm_mod.island_transport(dist.PrefixStore("hcomm/shm", store), topo, rank, timeout)
+        probe_pg = shm_mod.ProbeGroup(shm) if shm is not None else island_pg
+        topo.links = resolve(topo, rank, host, probe_pg, shm_mod.cache_variant(topo))
+        if shm is not None and "intra" in topo.links:  # say what the intra figures are of
+            link = topo.links["intra"]
+            topo.links["intra"] = type(link)(link.alpha, link.beta, f"{link.source}, shared memory")
+    else:
+        topo.links = resolve(topo, rank, host, None)
     flat = topo.links.get("flat") or topo.links["inter"]
     alpha = HCOMM_LINK_ALPHA.get() if HCOMM_LINK_ALPHA.raw() else flat.alpha
     beta = HCOMM_LINK_BETA.get() if HCOMM_LINK_BETA.raw() else flat.beta
@@ -77,7 +88,7 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
         intra, inter = topo.links["intra"], topo.links["inter"]
         pg.set_hierarchy(topo.islands, island_pg, intra.alpha, intra.beta, inter.alpha, inter.beta,
                          [r.inter_weight for r in topo.ranks], bool(HCOMM_PROPORTIONAL_SHARDS.get()),
-                         topo.uplink_sharing())
+                         topo.uplink_sharing(), intra_transport=shm)
         from hcomm.compress import resolve as compression
 
         cfg = compression(None)  # HCOMM_COMPRESS

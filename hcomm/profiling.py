@@ -73,8 +73,9 @@ def _from_emulator_spec() -> Dict[str, Link]:
         return {}
 
 
-def _cache_path(topo: Topology) -> str:
-    return os.path.join(HCOMM_PROFILE_CACHE.get(), f"links-{topo.signature()}.json")
+def _cache_path(topo: Topology, variant: str = "") -> str:
+    suffix = f"-{variant}" if variant else ""
+    return os.path.join(HCOMM_PROFILE_CACHE.get(), f"links-{topo.signature()}{suffix}.json")
 
 
 def _pingpong(pg, peer: int, nbytes: int, reps: int, leader: bool) -> float:
@@ -146,8 +147,13 @@ def measure(topo: Topology, rank: int, host_pg, island_pg, budget: float) -> Dic
     return links
 
 
-def resolve(topo: Topology, rank: int, host_pg, island_pg) -> Dict[str, Link]:
-    """The link model for `topo`: config > measured/cached > emulator spec > defaults."""
+def resolve(topo: Topology, rank: int, host_pg, island_pg, variant: str = "") -> Dict[str, Link]:
+    """The link model for `topo`: config > measured/cached > emulator spec > defaults.
+
+    ``island_pg`` is what the intra tier really runs on (a shared-memory
+    probe group or the island's gloo group); ``variant`` names that choice
+    in the cache key, so a profile of one is never used for the other.
+    """
     links = dict(DEFAULTS)
     if len(topo.islands) < 2:
         return {"flat": Link(DEFAULTS["intra"].alpha, DEFAULTS["intra"].beta, "default")}
@@ -155,7 +161,7 @@ def resolve(topo: Topology, rank: int, host_pg, island_pg) -> Dict[str, Link]:
     mode = HCOMM_PROFILE.get().lower()
     if mode not in ("auto", "force", "off"):
         raise ValueError(f"HCOMM_PROFILE must be auto, force or off, got {mode!r}")
-    path = _cache_path(topo)
+    path = _cache_path(topo, variant)
     cached: Optional[dict] = None
     if mode == "auto" and os.path.exists(path):
         try:

@@ -7,4 +7,5 @@ PYBIND11_MODULE(_C, m) {
   hcomm::bind_kernels(m);
   hcomm::bind_torch(m);
   hcomm::bind_compress(m);
+  hcomm::bind_shm(m);
 }

@@ -57,6 +57,8 @@ class Transport {
 
   // The group's timeout, so algorithms and waits agree with the library's.
   virtual std::chrono::milliseconds timeout() const = 0;
+  // Changes it (hcomm.set_timeout); transports without one of their own ignore it.
+  virtual void set_timeout(std::chrono::milliseconds) {}
 };
 
 }  // namespace hcomm

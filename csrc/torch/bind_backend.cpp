@@ -104,16 +104,16 @@ void bind_torch(py::module_& m) {
           "set_hierarchy",
           [](ProcessGroupHComm& pg, std::vector<std::vector<int>> islands, c10::intrusive_ptr<c10d::Backend> island,
              double intra_alpha, double intra_beta, double inter_alpha, double inter_beta, std::vector<double> weights,
-             bool proportional, std::vector<int> sharing) {
+             bool proportional, std::vector<int> sharing, std::shared_ptr<Transport> intra_transport) {
             LinkModel intra, inter;
             intra.alpha = intra_alpha, intra.beta = intra_beta;
             inter.alpha = inter_alpha, inter.beta = inter_beta;
             pg.set_hierarchy(std::move(islands), island, intra, inter, std::move(weights), proportional,
-                             std::move(sharing));
+                             std::move(sharing), std::move(intra_transport));
           },
           py::arg("islands"), py::arg("island_backend"), py::arg("intra_alpha"), py::arg("intra_beta"),
           py::arg("inter_alpha"), py::arg("inter_beta"), py::arg("weights"), py::arg("proportional"),
-          py::arg("uplink_sharing"))
+          py::arg("uplink_sharing"), py::arg("intra_transport") = nullptr)
       .def(
           "set_compression",
           [](ProcessGroupHComm& pg, int wire, int64_t chunk, bool ef) {

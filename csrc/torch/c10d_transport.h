@@ -25,7 +25,7 @@ class C10dTransport final : public Transport {
   std::unique_ptr<Pending> irecv(const Buffer& buf, int peer, int tag) override;
   std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(timeout_ms_.load()); }
   // ProcessGroupHComm::setTimeout (torch's _set_pg_timeout): later ops use it.
-  void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_.store(timeout.count()); }
+  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ms_.store(timeout.count()); }
   const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
 
  private:

@@ -46,7 +46,7 @@ void ProcessGroupHComm::setTimeout(std::chrono::milliseconds timeout) {
   transport_->set_timeout(timeout);
   if (island_backend_) island_backend_->setTimeout(timeout);
   if (auto h = comm_->hierarchy())
-    if (auto intra = std::dynamic_pointer_cast<C10dTransport>(h->intra)) intra->set_timeout(timeout);
+    h->intra->set_timeout(timeout);
 }
 
 ProcessGroupHComm::~ProcessGroupHComm() {
@@ -56,7 +56,8 @@ ProcessGroupHComm::~ProcessGroupHComm() {
 void ProcessGroupHComm::set_hierarchy(std::vector<std::vector<int>> islands,
                                       c10::intrusive_ptr<c10d::Backend> island_backend, LinkModel intra,
                                       LinkModel inter, std::vector<double> weights, bool proportional,
-                                      std::vector<int> uplink_sharing) {
+                                      std::vector<int> uplink_sharing,
+                                      std::shared_ptr<Transport> intra_transport) {
   auto h = std::make_shared<Hierarchy>();
   h->island_of.assign(getSize(), -1);
   h->local_index.assign(getSize(), -1);
@@ -71,7 +72,10 @@ void ProcessGroupHComm::set_hierarchy(std::vector<std::vector<int>> islands,
   for (int r = 0; r < getSize(); ++r) TORCH_CHECK_VALUE(h->island_of[r] >= 0, "hcomm: rank ", r, " is in no island");
   h->islands = std::move(islands);
   island_backend_ = island_backend;
-  h->intra = std::make_shared<C10dTransport>(island_backend, timeout_);
+  // The island's own transport when one was built for it (shared memory on
+  // one host), else its vendor library through c10d.
+  h->intra = intra_transport ? intra_transport
+                             : std::shared_ptr<Transport>(std::make_shared<C10dTransport>(island_backend, timeout_));
   h->intra_link = intra;
   h->inter_link = inter;
   h->inter_weight = std::move(weights);

@@ -84,7 +84,8 @@ class ProcessGroupHComm final : public c10d::Backend {
   // group (a torch backend over its own PrefixStore) and the tier models.
   void set_hierarchy(std::vector<std::vector<int>> islands, c10::intrusive_ptr<c10d::Backend> island_backend,
                      LinkModel intra, LinkModel inter, std::vector<double> weights, bool proportional,
-                     std::vector<int> uplink_sharing);
+                     std::vector<int> uplink_sharing,
+                     std::shared_ptr<Transport> intra_transport = nullptr);
   // Weak-tier compression of the hierarchical all-reduce; wire == nullopt: off.
   void set_compression(std::optional<DType> wire, int64_t chunk, bool error_feedback);
   std::string topology_json;  // the Python Topology, for hcomm.topology(group)
