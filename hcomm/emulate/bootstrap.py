@@ -1,5 +1,5 @@
 """Command lines for the emulator's own helper processes (rank wrapper,
-probes, calibration loops) that import ``hcomm.emulate`` without running
+calibration loops) that import ``hcomm.emulate`` without running
 ``hcomm/__init__``.
 
 ``import hcomm`` registers the torch backend, which imports torch: seconds of
@@ -37,8 +37,3 @@ def probe_command() -> List[str]:
     turns every 10 ms of start-up CPU into up to 130 ms of wall time.
     """
     return [sys.executable, "-S", os.path.join(_PACKAGE_DIR, "emulate", "probes.py")]
-
-
-def code_command(code: str) -> List[str]:
-    """argv that runs ``code`` with hcomm.emulate importable without hcomm/__init__."""
-    return [sys.executable, "-c", _PRELUDE + code]

@@ -64,6 +64,11 @@ inline RingHeader* ring_of(void* region, int source, size_t ring_bytes) {
 
 inline char* ring_data(RingHeader* ring) { return reinterpret_cast<char*>(ring + 1); }
 
+// Copies n bytes out of (dst == nullptr: skips them) or into a ring of
+// capacity cap at stream position pos, wrapping at the end.
+void copy_from_ring(RingHeader* ring, size_t cap, uint64_t pos, void* dst, size_t n);
+void copy_into_ring(RingHeader* ring, size_t cap, uint64_t pos, const void* src, size_t n);
+
 // Blocks while *word == expected, at most `timeout`; spurious returns are fine.
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout);
 void futex_wake_all(std::atomic<uint32_t>* word);

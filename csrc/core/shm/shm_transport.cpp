@@ -1,53 +1,34 @@
 #include "core/shm/shm_transport.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstring>
-#include <ctime>
 #include <optional>
 
 #include "core/error.h"
+#include "core/shm/pending.h"
 
 namespace hcomm {
-
-namespace shm {
-
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout) {
-  if (timeout.count() <= 0) return;
-  timespec ts;
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
-  ts.tv_nsec = static_cast<long>((timeout.count() % 1000000) * 1000);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futex_wake_all(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-}  // namespace shm
-
 namespace {
 
 using clock = std::chrono::steady_clock;
 using shm::MessageHeader;
 using shm::RegionHeader;
 using shm::RingHeader;
+using shm::copy_from_ring;
+using shm::copy_into_ring;
 
 // Spins before sleeping: a busy peer answers within microseconds, and a
 // futex round trip costs more than that; long spins would burn CPU quota.
 constexpr int kSpins = 2000;
 // Mid-message (the sender is streaming a message larger than the ring, or
-// the ring is full) both sides spin this long instead: waking a sleeping
-// vCPU took ~1 ms on the dev VM, which once capped a 64 MiB transfer at
-// 1.4 GB/s against 10 GB/s of memcpy.
+// the ring is full) both sides spin this long instead, so a stream does not
+// pay a futex sleep and wake-up every time the ring fills.
 constexpr auto kStreamSpin = std::chrono::milliseconds(2);
 // Longest single sleep, so stop flags and deadlines are seen promptly.
 constexpr auto kMaxSleep = std::chrono::milliseconds(50);
@@ -61,173 +42,6 @@ inline void cpu_relax() {
 }
 
 std::string sys_error(const std::string& what) { return "hcomm shm: " + what + ": " + std::strerror(errno); }
-
-// Copies n bytes out of (or into) a ring at stream position pos, wrapping.
-void copy_from_ring(RingHeader* ring, size_t cap, uint64_t pos, void* dst, size_t n) {
-  const size_t at = static_cast<size_t>(pos % cap), first = std::min(n, cap - at);
-  if (dst != nullptr) {
-    std::memcpy(dst, shm::ring_data(ring) + at, first);
-    if (n > first) std::memcpy(static_cast<char*>(dst) + first, shm::ring_data(ring), n - first);
-  }
-}
-
-void copy_into_ring(RingHeader* ring, size_t cap, uint64_t pos, const void* src, size_t n) {
-  const size_t at = static_cast<size_t>(pos % cap), first = std::min(n, cap - at);
-  std::memcpy(shm::ring_data(ring) + at, src, first);
-  if (n > first) std::memcpy(shm::ring_data(ring), static_cast<const char*>(src) + first, n - first);
-}
-
-}  // namespace
-
-struct ShmTransport::RecvSlot {
-  int peer, tag;
-  void* data;
-  size_t bytes;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool matched = false, done = false, cancelled = false;
-  int source = -1;
-  std::string error;
-};
-
-struct ShmTransport::Stashed {
-  int source, tag;
-  std::unique_ptr<uint8_t[]> data;  // not zero-filled: the payload overwrites it
-  size_t bytes = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool complete = false;
-};
-
-struct ShmTransport::SendJob {
-  int peer, tag;
-  const void* data;
-  size_t bytes;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  std::atomic<bool> cancel{false};
-  std::exception_ptr error;
-};
-
-struct ShmTransport::Incoming {
-  RingHeader* ring = nullptr;
-  bool in_message = false;
-  MessageHeader hdr{};
-  size_t hdr_got = 0;
-  uint64_t remaining = 0, offset = 0;
-  std::shared_ptr<RecvSlot> slot;
-  std::shared_ptr<Stashed> stash;
-};
-
-namespace {
-
-struct DonePending final : Pending {
-  void wait() override {}
-};
-
-// A receive that found its message already (being) stashed.
-struct StashPending final : Pending {
-  std::shared_ptr<ShmTransport::Stashed> msg;
-  Buffer buf;
-  std::chrono::milliseconds timeout;
-  int rank;
-  bool waited = false;
-  void wait() override {
-    if (waited) return;
-    waited = true;
-    std::unique_lock<std::mutex> l(msg->mu);
-    if (!msg->cv.wait_for(l, timeout, [&] { return msg->complete; }))
-      throw Error(ErrorKind::kTimeout, "hcomm shm: rank " + std::to_string(rank) + " timed out after " +
-                                           std::to_string(timeout.count()) + " ms receiving the rest of a message from rank " +
-                                           std::to_string(msg->source));
-    if (msg->bytes != buf.bytes())
-      throw Error(ErrorKind::kRuntime, "hcomm shm: rank " + std::to_string(rank) + " expected " +
-                                           std::to_string(buf.bytes()) + " bytes from rank " + std::to_string(msg->source) +
-                                           " (tag " + std::to_string(msg->tag) + ") but got " +
-                                           std::to_string(msg->bytes));
-    if (msg->bytes) std::memcpy(buf.data, msg->data.get(), msg->bytes);
-  }
-  int source() const override { return msg->source; }
-};
-
-}  // namespace
-
-// A receive posted before its message arrived; the progress thread fills it.
-class SlotPending final : public Pending {
- public:
-  SlotPending(std::shared_ptr<ShmTransport::RecvSlot> slot, std::mutex* match_mu,
-              std::deque<std::shared_ptr<ShmTransport::RecvSlot>>* posted, std::chrono::milliseconds timeout, int rank)
-      : slot_(std::move(slot)), match_mu_(match_mu), posted_(posted), timeout_(timeout), rank_(rank) {}
-  ~SlotPending() override {
-    if (!waited_) cancel();  // never leave the progress thread a buffer that may be freed
-  }
-  void wait() override {
-    if (waited_) return;
-    waited_ = true;
-    {
-      std::unique_lock<std::mutex> l(slot_->mu);
-      if (slot_->cv.wait_for(l, timeout_, [&] { return slot_->done; })) {
-        if (!slot_->error.empty()) throw Error(ErrorKind::kRuntime, slot_->error);
-        return;
-      }
-    }
-    if (cancel()) return;  // completed while we were cancelling
-    throw Error(ErrorKind::kTimeout, "hcomm shm: rank " + std::to_string(rank_) + " timed out after " +
-                                         std::to_string(timeout_.count()) + " ms waiting for a message from rank " +
-                                         (slot_->peer < 0 ? std::string("any") : std::to_string(slot_->peer)) +
-                                         " (tag " + std::to_string(slot_->tag) + ")");
-  }
-  int source() const override { return slot_->source; }
-
- private:
-  // Withdraws the receive; true when it had completed after all.
-  bool cancel() {
-    {
-      std::lock_guard<std::mutex> l(*match_mu_);
-      auto it = std::find(posted_->begin(), posted_->end(), slot_);
-      if (it != posted_->end()) posted_->erase(it);
-    }
-    std::lock_guard<std::mutex> l(slot_->mu);
-    if (slot_->done && slot_->error.empty()) return true;
-    slot_->cancelled = true;
-    return false;
-  }
-
-  std::shared_ptr<ShmTransport::RecvSlot> slot_;
-  std::mutex* match_mu_;
-  std::deque<std::shared_ptr<ShmTransport::RecvSlot>>* posted_;
-  std::chrono::milliseconds timeout_;
-  int rank_;
-  bool waited_ = false;
-};
-
-namespace {
-
-struct JobPending final : Pending {
-  std::shared_ptr<ShmTransport::SendJob> job;
-  std::chrono::milliseconds timeout;
-  bool waited = false;
-  ~JobPending() override {
-    if (waited) return;
-    // The sender thread may be reading the caller's buffer: stop it and wait.
-    job->cancel = true;
-    std::unique_lock<std::mutex> l(job->mu);
-    job->cv.wait(l, [&] { return job->done; });
-  }
-  void wait() override {
-    if (waited) return;
-    waited = true;
-    std::unique_lock<std::mutex> l(job->mu);
-    // The sender thread has its own no-progress deadline; this one only
-    // guards against a sender stuck behind other jobs.
-    if (!job->cv.wait_for(l, 2 * timeout + std::chrono::seconds(1), [&] { return job->done; })) {
-      job->cancel = true;
-      job->cv.wait(l, [&] { return job->done; });
-    }
-    if (job->error) std::rethrow_exception(job->error);
-  }
-};
 
 }  // namespace
 
