@@ -45,11 +45,61 @@ def timed(fn, iters):
     return (time.perf_counter() - t0) / iters
 
 
+def count_wrong(buf, world):
+    """Elements of an all-reduced buf that differ from the exact sum, checked in
+    slices so that no second full-size tensor is held (256 MB under a 2 GiB cgroup)."""
+    total = world * (world + 1) / 2
+    wrong, step = 0, 1 << 22
+    for lo in range(0, buf.numel(), step):
+        hi = min(lo + step, buf.numel())
+        ref = (torch.arange(lo, hi, dtype=torch.float32) % 17) * total
+        wrong += int((buf[lo:hi] != ref).sum())
+    return wrong
+
+
+def time_round_robin(methods, buf, budget_s, min_iters, max_iters, gloo):
+    """Per-call times of every method, taken round-robin (one call of each per
+    round, the order rotated each round) so that drift of the shared 2-core
+    box and the effects of one method on the next hit all methods alike.
+    Each call starts after a barrier; a call's time is the max over ranks, and
+    a method's figure is the median over rounds.  The round count follows the
+    budget, from the slowest method's warm-up time, agreed across ranks."""
+    warm = torch.zeros(len(methods), dtype=torch.float64)
+    # Two warm-up passes; the second (connections and buffers in place) sizes the rounds.
+    for i, (_, group, algo) in enumerate(methods * 2):
+        i %= len(methods)
+        if algo is not None:
+            hcomm.set_algorithm(algo, group=group)
+        dist.barrier(group=gloo)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, group=group)
+        warm[i] = time.perf_counter() - t0
+    dist.all_reduce(warm, op=dist.ReduceOp.MAX, group=gloo)
+    rounds = int(max(min_iters, min(max_iters, budget_s / max(float(warm.sum()), 1e-6))))
+    times = torch.zeros(len(methods), rounds, dtype=torch.float64)
+    for r in range(rounds):
+        # Rotate the order every round: a call right after gloo's (whose
+        # threads may still hold the cores' quota) must not always be the same one.
+        for i in [(r + k) % len(methods) for k in range(len(methods))]:
+            _, group, algo = methods[i]
+            if algo is not None:
+                hcomm.set_algorithm(algo, group=group)
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            dist.all_reduce(buf, group=group)
+            times[i, r] = time.perf_counter() - t0
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)
+    med = times.median(dim=1).values
+    return {name: float(med[i]) for i, (name, _, _) in enumerate(methods)}, rounds
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--min-bytes", type=int, default=4 << 10)
-    p.add_argument("--max-bytes", type=int, default=64 << 20)
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--max-bytes", type=int, default=256 << 20)
+    p.add_argument("--iters", type=int, default=5, help="fewest timed rounds per size")
+    p.add_argument("--max-iters", type=int, default=60, help="most timed rounds per size")
+    p.add_argument("--budget", type=float, default=6.0, help="seconds of timed rounds per size (all methods)")
     p.add_argument("--out", default="")
     p.add_argument("--compress", default="", help="comma list of wire formats to compare at --compress-bytes, e.g. bf16,fp8e4m3")
     p.add_argument("--compress-bytes", type=int, default=64 << 20)
@@ -65,38 +115,33 @@ def main():
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         n = nbytes // 4
         base = (torch.arange(n, dtype=torch.float32) % 17) * (rank + 1)
-        expected = (torch.arange(n, dtype=torch.float32) % 17) * (world * (world + 1) / 2)
-        iters = args.iters if nbytes >= (1 << 20) else max(args.iters, 20)
+        buf = torch.empty_like(base)
         row = {"bytes": nbytes, "wrong": 0}
-
-        def run(group, name):
-            buf = base.clone()
+        methods = [("gloo", gloo, None), ("auto", hc, "")]
+        methods += [(a, hc, a) for a in ALGOS if not (a == "hier" and len(topo.islands) < 2)]
+        # Correctness first, on patterned data, once per method.
+        for name, group, algo in methods:
+            if algo is not None:
+                hcomm.set_algorithm(algo, group=group)
+            buf.copy_(base)
             dist.all_reduce(buf, group=group)
-            row["wrong"] += int((buf != expected).sum())
-            work = base.clone()
-            row[name] = timed(lambda: dist.all_reduce(work, group=group), iters)
-
-        run(gloo, "gloo")
-        hcomm.set_algorithm("", group=hc)
-        run(hc, "auto")
-        row["selected"] = hcomm.last_op(hc)["algorithm"]
-        row["chunk"] = hcomm.last_op(hc)["chunk_bytes"]
-        for algo in ALGOS:
-            if algo == "hier" and len(topo.islands) < 2:
+            row["wrong"] += count_wrong(buf, world)
+            if algo is None:
                 continue
-            hcomm.set_algorithm(algo, group=hc)
-            run(hc, algo)
             rec = hcomm.last_op(hc)
-            row[f"{algo}_ran"] = rec["algorithm"]
-            row[f"{algo}_tiers"] = rec["tiers"]
-            row[f"{algo}_pred"] = hcomm.predict("all_reduce", nbytes, algo, group=hc)
+            if name == "auto":
+                row["selected"], row["chunk"] = rec["algorithm"], rec["chunk_bytes"]
+            else:
+                row[f"{name}_ran"], row[f"{name}_tiers"] = rec["algorithm"], rec["tiers"]
+                row[f"{name}_pred"] = hcomm.predict("all_reduce", nbytes, name, group=hc)
+        del base
+        # Timed on zeros: repeated in-place sums of real data would overflow
+        # to inf over the rounds; no algorithm treats zeros specially.
+        buf.zero_()
+        med, row["rounds"] = time_round_robin(methods, buf, args.budget, args.iters, args.max_iters, gloo)
+        row.update(med)
         hcomm.set_algorithm("", group=hc)
-        # Max over ranks: the collective is as slow as its slowest rank.
-        keys = [k for k in ("gloo", "auto", *ALGOS) if k in row]
-        t = torch.tensor([row[k] for k in keys], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
-        for k, v in zip(keys, t.tolist()):
-            row[k] = v
+        del buf
         w = torch.tensor([row["wrong"]])
         dist.all_reduce(w, group=gloo)
         row["wrong"] = int(w.item())
@@ -149,12 +194,12 @@ def write(out: str, rows, topo, comp=(), comp_bytes=0):
              f"Machine: {platform.node()}, {os.cpu_count()} cores, {platform.platform()}; "
              f"torch {torch.__version__}, hcomm {hcomm.__version__} ({rev}).", "",
              "```", str(topo), "```", "",
-             "Times are the max over ranks of the mean per call (ms). `auto` is hcomm with the algorithm its cost "
+             "Times are the median over rounds of the max over ranks per call (ms); the methods are timed round-robin, one call each per round after a barrier, the order rotated every round (rounds per size in the last column). `auto` is hcomm with the algorithm its cost "
              "model selects; `native` is gloo's ring run through hcomm; `bound` is the alpha-beta lower bound "
              "(each island sends its partial of every element across its uplink once). `best` is the fastest "
              "hcomm algorithm measured at that size; `auto/best` > 1.10 would be a selection miss.", "",
-             "| bytes | gloo | auto (algo, chunk) | native | ring | hier | gloo/auto | auto/bound | auto/best | pred hier | pred err | #wrong |",
-             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| bytes | gloo | auto (algo, chunk) | native | ring | hier | gloo/auto | auto/bound | auto/best | pred hier | pred err | #wrong | rounds |",
+             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         best = min(r[a] for a in ALGOS if a in r)
         pred = r.get("hier_pred", float("nan"))
@@ -163,7 +208,7 @@ def write(out: str, rows, topo, comp=(), comp_bytes=0):
             f"| {r['bytes']} | {r['gloo']*1e3:.2f} | {r['auto']*1e3:.2f} ({r['selected']}, {r['chunk']}) | "
             + " | ".join(f"{r[a]*1e3:.2f}" if a in r else "-" for a in ALGOS)
             + f" | {r['gloo']/r['auto']:.2f} | {r['auto']/r['bound']:.2f} | {r['auto']/best:.2f} | "
-            f"{pred*1e3:.2f} | {err:+.0%} | {r['wrong']} |")
+            f"{pred*1e3:.2f} | {err:+.0%} | {r['wrong']} | {r['rounds']} |")
     lines += ["", "Predicted vs measured for every algorithm (ms, error = (pred - meas) / meas):", "",
               "| bytes | " + " | ".join(f"{a} pred | {a} meas | {a} err" for a in ALGOS) + " |",
               "| ---: |" + " ---: | ---: | ---: |" * len(ALGOS)]
