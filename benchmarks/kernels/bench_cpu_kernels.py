@@ -1,6 +1,7 @@
 """CPU kernels vs torch vs a plain copy of the same bytes, side by side.
 
-For each op: GB/s = (bytes read + bytes written) / best time of the rounds; "vs torch"
+For each op: GB/s = (bytes read + bytes written) / best time per call over the
+rounds (a round times a batch of calls lasting >= 2 ms, for small buffers); "vs torch"
 is hcomm's speed over torch's equivalent op; "% copy" is hcomm's GB/s over
 that of ``dst.copy_(src)`` moving the same number of bytes (a copy of half
 as many bytes: read + write).  The three are timed round-robin, one call
@@ -28,17 +29,32 @@ from hcomm import kernels
 CHUNK = 1024
 
 
-def timeit_rounds(fns, reps):
-    """Best seconds of each fn, timed round-robin (interference only adds time)."""
+def timeit_rounds(fns, reps, min_sample_s=2e-3, settle_s=0.0):
+    """Best seconds per call of each fn, timed round-robin (interference only
+    adds time).  A sample is a batch of calls lasting at least min_sample_s,
+    so that the timer's own cost and resolution do not swamp small buffers;
+    every fn gets the same batch size (from the slowest fn's first calls).
+    settle_s of idle before each sample lets threads still spinning from the
+    previous fn (libgomp's workers spin for milliseconds after a torch op)
+    go to sleep, so that no fn starts on a core another fn is still holding."""
     for fn in fns:
         fn()
         fn()
+    first = []
+    for fn in fns:
+        t0 = time.perf_counter()
+        fn()
+        first.append(time.perf_counter() - t0)
+    batch = max(1, int(min_sample_s / max(max(first), 1e-7)))
     times = [[] for _ in fns]
     for _ in range(reps):
         for k, fn in enumerate(fns):
+            if settle_s:
+                time.sleep(settle_s)
             t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
+            for _ in range(batch):
+                fn()
+            times[k].append((time.perf_counter() - t0) / batch)
     return [min(t) for t in times]
 
 
@@ -115,7 +131,8 @@ def run(mib, reps, threads):
         n = int(size_mib * (1 << 20)) // 4 // CHUNK * CHUNK  # fp32 elements of `size_mib`
         table, _ = cases(n)
         for name, (nbytes, torch_fn, hcomm_fn) in table.items():
-            tc, tt, th = timeit_rounds([copy_fn(nbytes), torch_fn, hcomm_fn], reps)
+            tc, tt, th = timeit_rounds([copy_fn(nbytes), torch_fn, hcomm_fn], reps,
+                                       settle_s=0.02 if threads > 1 else 0.0)
             rows.append((size_mib, name, nbytes / tt / 1e9, nbytes / th / 1e9, tt / th, tc / th, nbytes / tc / 1e9))
     return rows
 
@@ -135,9 +152,12 @@ def main():
         f"- machine: {model}, {cores} logical cores, ISA flags: {isa}",
         f"- hcomm kernel ISA: {kernels.active_isa()} (best {kernels.best_isa()}), kernel threads "
         f"{hcomm._C.kernels.kernel_threads()}; torch.set_num_threads({args.threads})",
-        f"- torch {torch.__version__}, hcomm {hcomm.__version__}; best of {args.reps} round-robin rounds; "
+        f"- torch {torch.__version__}, hcomm {hcomm.__version__}; best of {args.reps} round-robin rounds, each a batch of calls lasting >= 2 ms; "
         "GB/s counts bytes read + written",
         "- copy = `dst.copy_(src)` moving the same bytes as the op, timed round-robin with it",
+        "- multi-threaded runs idle 20 ms before each sample, so that torch's OpenMP workers (which spin for "
+        "milliseconds after an op) do not hold the second core while the next op runs" if args.threads > 1 else
+        "- single-threaded: torch and hcomm each use one core",
         "- size = the fp32 input's size (other dtypes: the same element count)",
         "",
         "| size | op | torch GB/s | hcomm GB/s | hcomm vs torch | hcomm % of copy | copy GB/s |",

@@ -31,6 +31,9 @@ struct KernelTable {
   const char* name;
   // dst[i] = to_D(from_S(src[i]) * mul); mul == 1 skips the multiply.
   void (*convert[kNumFmt][kNumFmt])(const void* src, void* dst, int64_t n, float mul);
+  // The same with non-temporal stores where the ISA has them (AVX-512), for
+  // outputs far larger than the caches (cast.cpp decides); else = convert.
+  void (*convert_stream[kNumFmt][kNumFmt])(const void* src, void* dst, int64_t n, float mul);
   // acc[i] = acc[i] OP (from_S(src[i]) * mul), acc of format A < kNumAccFmt.
   void (*accumulate[kNumAccFmt][kNumFmt][kNumFOp])(void* acc, const void* src, int64_t n, float mul);
   // Largest finite |src[i]| (0 for none), src f32/bf16/f16.

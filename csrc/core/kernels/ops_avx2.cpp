@@ -7,6 +7,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -28,6 +29,7 @@ namespace {
 
 struct Avx2 {
   static constexpr int W = 8;
+  static constexpr bool kStream = false;  // no non-temporal path (simd_body.h)
   using V = __m256;
   using I = __m256i;
 

@@ -6,6 +6,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -72,20 +73,20 @@ struct Avx512 {
     }
   }
 
+  // W values of format F packed into one register (64, 32 or 16 bytes).
   template <Fmt F>
-  static void store(void* p, int64_t i, V v) {
+  __attribute__((always_inline)) static auto pack(V v) {
     if constexpr (F == Fmt::kF32) {
-      _mm512_storeu_ps(static_cast<float*>(p) + i, v);
+      return v;
     } else if constexpr (F == Fmt::kBF16) {
       I u = _mm512_castps_si512(v);
       __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, c(0x7fffffff)), c(0x7f800000));
       I lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), c(1));
       I r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(c(0x7fff), lsb)), 16);
       r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), c(0x40)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(p) + i), _mm512_cvtepi32_epi16(r));
+      return _mm512_cvtepi32_epi16(r);
     } else if constexpr (F == Fmt::kF16) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(p) + i),
-                          _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     } else {
       // Same steps as fp8::float_to_e4m3/e5m2, on 16 lanes.
       constexpr bool e4 = F == Fmt::kE4M3;
@@ -105,10 +106,35 @@ struct Avx512 {
       r = _mm512_mask_mov_epi32(r, _mm512_cmplt_epi32_mask(a, c(e4 ? 0x3c800000 : 0x38800000)), sub);
       if (!e4) r = _mm512_mask_mov_epi32(r, inf, c(0x7c));
       r = _mm512_mask_mov_epi32(r, nan, c(0x7f));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint8_t*>(p) + i),
-                       _mm512_cvtepi32_epi8(_mm512_or_si512(r, sign)));
+      return _mm512_cvtepi32_epi8(_mm512_or_si512(r, sign));
     }
   }
+
+  template <Fmt F>
+  static char* at(void* p, int64_t i) {
+    return static_cast<char*>(p) + i * (F == Fmt::kF32 ? 4 : (F == Fmt::kBF16 || F == Fmt::kF16) ? 2 : 1);
+  }
+
+  // kNT: non-temporal stores (simd_body.h, for outputs far larger than the
+  // caches): they skip the read-for-ownership of each destination line,
+  // which a memory-bound cast pays on every byte it writes.  p + i must then
+  // be aligned to the register's width (W values of F); fence() after the last.
+  template <Fmt F, bool kNT>
+  __attribute__((always_inline)) static void put(void* p, int64_t i, V v) {
+    auto r = pack<F>(v);
+    char* d = at<F>(p, i);
+    if constexpr (F == Fmt::kF32) kNT ? _mm512_stream_ps(reinterpret_cast<float*>(d), r)
+                                      : _mm512_storeu_ps(reinterpret_cast<float*>(d), r);
+    else if constexpr (sizeof(r) == 32) kNT ? _mm256_stream_si256(reinterpret_cast<__m256i*>(d), r)
+                                            : _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), r);
+    else kNT ? _mm_stream_si128(reinterpret_cast<__m128i*>(d), r) : _mm_storeu_si128(reinterpret_cast<__m128i*>(d), r);
+  }
+  template <Fmt F>
+  __attribute__((always_inline)) static void store(void* p, int64_t i, V v) { put<F, false>(p, i, v); }
+  static constexpr bool kStream = true;
+  template <Fmt F>
+  __attribute__((always_inline)) static void stream(void* p, int64_t i, V v) { put<F, true>(p, i, v); }
+  static void fence() { _mm_sfence(); }
 };
 
 #include "core/kernels/simd_body.h"

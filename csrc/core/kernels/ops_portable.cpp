@@ -1,6 +1,7 @@
 // The portable kernel table: one lane of plain C++, correct on any CPU
 // (x86-64 baseline, aarch64, ...).  It is also the reference the vector
 // tables are tested against, through the same tests.
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -14,6 +15,7 @@ namespace {
 
 struct Scalar {
   static constexpr int W = 1;
+  static constexpr bool kStream = false;  // no non-temporal path (simd_body.h)
   using V = float;
   template <Fmt F> static V load(const void* p, int64_t i);
   template <Fmt F> static void store(void* p, int64_t i, V v);

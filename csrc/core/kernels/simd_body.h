@@ -51,20 +51,48 @@ inline typename O::V vapply(typename O::V a, typename O::V b) {
   else return O::max(a, b);
 }
 
-template <class O, Fmt S, Fmt D>
-void convert(const void* src, void* dst, int64_t n, float mul) {
-  const int64_t vec_end = n - n % O::W;
-  int64_t i = 0;
-  if (mul == 1.0f) {
+template <Fmt F>
+constexpr int64_t fmt_bytes() {
+  return F == Fmt::kF32 ? 4 : (F == Fmt::kBF16 || F == Fmt::kF16) ? 2 : 1;
+}
+
+template <class O, Fmt S, Fmt D, bool kScaled, bool kNT>
+int64_t convert_run(const void* src, void* dst, int64_t i, int64_t end, float mul) {
+  const typename O::V m = O::set1(mul);
 #pragma GCC unroll 2
-    for (; i < vec_end; i += O::W) O::template store<D>(dst, i, O::template load<S>(src, i));
-    for (; i < n; ++i) sstore<D>(dst, i, sload<S>(src, i));
-  } else {
-    const typename O::V m = O::set1(mul);
-#pragma GCC unroll 2
-    for (; i < vec_end; i += O::W) O::template store<D>(dst, i, O::mul(O::template load<S>(src, i), m));
-    for (; i < n; ++i) sstore<D>(dst, i, sload<S>(src, i) * mul);
+  for (; i + O::W <= end; i += O::W) {
+    typename O::V v = O::template load<S>(src, i);
+    if constexpr (kScaled) v = O::mul(v, m);
+    if constexpr (kNT) O::template stream<D>(dst, i, v);
+    else O::template store<D>(dst, i, v);
   }
+  return i;
+}
+
+// kNT: non-temporal stores where O has them (O::kStream), after a scalar
+// head up to the first register-aligned element of dst.
+template <class O, Fmt S, Fmt D, bool kNT>
+void convert(const void* src, void* dst, int64_t n, float mul) {
+  int64_t i = 0;
+  const bool scaled = mul != 1.0f;
+  auto scalar = [&](int64_t end) {
+    for (; i < end; ++i) sstore<D>(dst, i, scaled ? sload<S>(src, i) * mul : sload<S>(src, i));
+  };
+  if constexpr (kNT && O::kStream) {
+    constexpr int64_t kVecBytes = O::W * fmt_bytes<D>();
+    const auto addr = reinterpret_cast<uintptr_t>(dst);
+    if (addr % fmt_bytes<D>() == 0) {
+      scalar(std::min<int64_t>(n, static_cast<int64_t>((kVecBytes - addr % kVecBytes) % kVecBytes) / fmt_bytes<D>()));
+      i = scaled ? convert_run<O, S, D, true, true>(src, dst, i, n, mul)
+                 : convert_run<O, S, D, false, true>(src, dst, i, n, mul);
+      O::fence();
+      scalar(n);
+      return;
+    }
+  }
+  i = scaled ? convert_run<O, S, D, true, false>(src, dst, i, n, mul)
+             : convert_run<O, S, D, false, false>(src, dst, i, n, mul);
+  scalar(n);
 }
 
 template <class O, Fmt A, Fmt S, FOp OP>
@@ -108,7 +136,11 @@ float amax(const void* src, int64_t n) {
 
 template <class O, int... I>
 void fill_convert(KernelTable& t, std::integer_sequence<int, I...>) {
-  ((t.convert[I / kNumFmt][I % kNumFmt] = &convert<O, static_cast<Fmt>(I / kNumFmt), static_cast<Fmt>(I % kNumFmt)>),
+  ((t.convert[I / kNumFmt][I % kNumFmt] =
+        &convert<O, static_cast<Fmt>(I / kNumFmt), static_cast<Fmt>(I % kNumFmt), false>),
+   ...);
+  ((t.convert_stream[I / kNumFmt][I % kNumFmt] =
+        &convert<O, static_cast<Fmt>(I / kNumFmt), static_cast<Fmt>(I % kNumFmt), O::kStream>),
    ...);
 }
 

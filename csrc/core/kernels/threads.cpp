@@ -1,8 +1,8 @@
 // A small helper pool for the kernels (see threads.h for the policy).
 //
 // The pool has hardware_concurrency() - 1 workers, started on first use.
-// A caller reserves idle workers with a CAS on one counter, hands each a
-// piece, runs the first piece itself and waits on a latch.  Reserving
+// A caller reserves idle workers with a CAS on one counter, wakes them on
+// its Grains, takes grains itself until none is left and waits on a latch.  Reserving
 // rather than queueing means the number of busy kernel threads never exceeds
 // the core count however many communicator threads call in at once.
 //
@@ -44,9 +44,25 @@ struct Latch {
   }
 };
 
-struct Task {
+// The work of one call, handed out in grains to whoever is running: the
+// caller and the helpers it reserved each take the next grain until none is
+// left, so a helper that wakes late (an idle vCPU, a core busy with another
+// library's spinning threads) takes fewer grains instead of making the call
+// wait for a fixed half of the work.
+struct Grains {
   const std::function<void(int64_t, int64_t)>* fn;
-  int64_t begin, end;
+  int64_t n, grain;
+  std::atomic<int64_t> next{0};
+
+  void run() {
+    for (int64_t b = next.fetch_add(grain, std::memory_order_relaxed); b < n;
+         b = next.fetch_add(grain, std::memory_order_relaxed))
+      (*fn)(b, std::min(n, b + grain));
+  }
+};
+
+struct Task {
+  Grains* work;
   Latch* latch;
 };
 
@@ -88,9 +104,10 @@ class Pool {
       }
       std::exception_ptr err;
       try {
-        (*t.fn)(t.begin, t.end);
+        t.work->run();
       } catch (...) {
         err = std::current_exception();
+        t.work->next.store(t.work->n);  // the others stop after their current grain
       }
       t.latch->done(err);
     }
@@ -146,15 +163,23 @@ void parallel_for(int64_t n, int64_t align, size_t bytes_per_elem,
     return;
   }
   const int parts = helpers + 1;
-  const int64_t units = (n + align - 1) / align;
-  auto bound = [&](int k) { return std::min<int64_t>(n, (units * k / parts) * align); };
+  // Grains of >= kParallelGrainBytes and about 16 per thread: few enough that
+  // handing them out costs nothing, enough to even out a late start.
+  const int64_t min_grain = static_cast<int64_t>(kParallelGrainBytes / std::max<size_t>(bytes_per_elem, 1));
+  int64_t grain = std::max<int64_t>(min_grain, (n + 16 * parts - 1) / (16 * parts));
+  grain = (grain + align - 1) / align * align;
+  Grains work;
+  work.fn = &fn;
+  work.n = n;
+  work.grain = grain;
   Latch latch(helpers);
-  for (int k = 1; k < parts; ++k) pool()->submit(Task{&fn, bound(k), bound(k + 1), &latch});
+  for (int k = 1; k < parts; ++k) pool()->submit(Task{&work, &latch});
   std::exception_ptr mine;
   try {
-    fn(0, bound(1));
+    work.run();
   } catch (...) {
     mine = std::current_exception();
+    work.next.store(n);  // the others stop after their current grain
   }
   latch.wait();
   pool()->release(helpers);

@@ -11,7 +11,8 @@ namespace kernels {
 // Calls below this many bytes (read + written) run on the caller's thread:
 // under ~1 MiB the hand-off costs more than a second core gains.
 constexpr size_t kParallelMinBytes = size_t(1) << 20;
-// Each helper gets at least this much work.
+// Pieces (grains, handed out to the threads as they come free) are at
+// least this large.
 constexpr size_t kParallelGrainBytes = size_t(256) << 10;
 
 // Threads one call may use, the caller included: HCOMM_KERNEL_THREADS when
