@@ -59,7 +59,7 @@ def count_wrong(buf, world):
 
 def time_round_robin(methods, buf, budget_s, min_iters, max_iters, gloo):
     """Per-call times of every method, taken round-robin (one call of each per
-    round, the order rotated each round) so that drift of the shared 2-core
+    round, in a fresh order each round) so that drift of the shared 2-core
     box and the effects of one method on the next hit all methods alike.
     Each call starts after a barrier; a call's time is the max over ranks, and
     a method's figure is the median over rounds.  The round count follows the
@@ -78,9 +78,10 @@ def time_round_robin(methods, buf, budget_s, min_iters, max_iters, gloo):
     rounds = int(max(min_iters, min(max_iters, budget_s / max(float(warm.sum()), 1e-6))))
     times = torch.zeros(len(methods), rounds, dtype=torch.float64)
     for r in range(rounds):
-        # Rotate the order every round: a call right after gloo's (whose
-        # threads may still hold the cores' quota) must not always be the same one.
-        for i in [(r + k) % len(methods) for k in range(len(methods))]:
+        # A fresh order every round (same seed on every rank): a call right
+        # after gloo's (whose threads may still hold the cores' quota) must not
+        # always be the same method, which a mere rotation would keep.
+        for i in torch.randperm(len(methods), generator=torch.Generator().manual_seed(r)).tolist():
             _, group, algo = methods[i]
             if algo is not None:
                 hcomm.set_algorithm(algo, group=group)
@@ -194,7 +195,7 @@ def write(out: str, rows, topo, comp=(), comp_bytes=0):
              f"Machine: {platform.node()}, {os.cpu_count()} cores, {platform.platform()}; "
              f"torch {torch.__version__}, hcomm {hcomm.__version__} ({rev}).", "",
              "```", str(topo), "```", "",
-             "Times are the median over rounds of the max over ranks per call (ms); the methods are timed round-robin, one call each per round after a barrier, the order rotated every round (rounds per size in the last column). `auto` is hcomm with the algorithm its cost "
+             "Times are the median over rounds of the max over ranks per call (ms); the methods are timed round-robin, one call each per round after a barrier, in a fresh random order every round (rounds per size in the last column). `auto` is hcomm with the algorithm its cost "
              "model selects; `native` is gloo's ring run through hcomm; `bound` is the alpha-beta lower bound "
              "(each island sends its partial of every element across its uplink once). `best` is the fastest "
              "hcomm algorithm measured at that size; `auto/best` > 1.10 would be a selection miss.", "",

@@ -54,9 +54,13 @@ def test_links_and_compute_within_tolerance(emulator):
     with Cluster(SMALL) as c:
         rows = check_links(c)
         speed_rows, _ = check_compute(c, seconds=2.0)
-        if not all(r.ok for r in speed_rows):
-            # One re-measurement: on a 2-core CI VM another job's burst can
-            # land on one rank's core for the whole 2 s window.
+        for _ in range(2):
+            if all(r.ok for r in speed_rows):
+                break
+            # Re-measure (twice at most): on a 2-core CI VM another job's
+            # burst can land on one rank's core for a whole 2 s window, and
+            # one run on 2026-12-03 saw two such windows back to back.
+            time.sleep(1.0)
             speed_rows, _ = check_compute(c, seconds=2.0)
     bad = [r.cells() for r in rows + speed_rows if not r.ok]
     assert not bad, bad
