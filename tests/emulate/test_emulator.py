@@ -52,16 +52,20 @@ def test_sigkilled_launcher_is_cleaned_by_down(emulator):
 
 def test_links_and_compute_within_tolerance(emulator):
     with Cluster(SMALL) as c:
-        rows = check_links(c)
-        speed_rows, _ = check_compute(c, seconds=2.0)
-        for _ in range(2):
-            if all(r.ok for r in speed_rows):
+        for attempt in range(3):
+            # Up to two re-measurements of whatever missed: on a 2-core CI VM
+            # another job's burst can land on one rank's core (or the wire's)
+            # for a whole window; clean-clone runs on 2026-12-03 saw a speed
+            # ratio and a link's bandwidth miss twice in a row, each time
+            # passing when measured again on a quiet machine.
+            if attempt:
+                time.sleep(1.0)
+            if attempt == 0 or not all(r.ok for r in rows):
+                rows = check_links(c)
+            if attempt == 0 or not all(r.ok for r in speed_rows):
+                speed_rows, _ = check_compute(c, seconds=2.0)
+            if all(r.ok for r in rows + speed_rows):
                 break
-            # Re-measure (twice at most): on a 2-core CI VM another job's
-            # burst can land on one rank's core for a whole 2 s window, and
-            # one run on 2026-12-03 saw two such windows back to back.
-            time.sleep(1.0)
-            speed_rows, _ = check_compute(c, seconds=2.0)
     bad = [r.cells() for r in rows + speed_rows if not r.ok]
     assert not bad, bad
     assert len(rows) == 3 and len(speed_rows) == 2
