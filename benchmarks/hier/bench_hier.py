@@ -64,16 +64,19 @@ def time_round_robin(methods, buf, budget_s, min_iters, max_iters, gloo):
     Each call starts after a barrier; a call's time is the max over ranks, and
     a method's figure is the median over rounds.  The round count follows the
     budget, from the slowest method's warm-up time, agreed across ranks."""
-    warm = torch.zeros(len(methods), dtype=torch.float64)
-    # Two warm-up passes; the second (connections and buffers in place) sizes the rounds.
-    for i, (_, group, algo) in enumerate(methods * 2):
-        i %= len(methods)
+    def one_call(i):
+        _, group, algo = methods[i]
         if algo is not None:
             hcomm.set_algorithm(algo, group=group)
         dist.barrier(group=gloo)
         t0 = time.perf_counter()
         dist.all_reduce(buf, group=group)
-        warm[i] = time.perf_counter() - t0
+        return time.perf_counter() - t0
+
+    # Two warm-up passes; the second (connections and buffers in place) sizes the rounds.
+    for i in range(len(methods)):
+        one_call(i)
+    warm = torch.tensor([one_call(i) for i in range(len(methods))], dtype=torch.float64)
     dist.all_reduce(warm, op=dist.ReduceOp.MAX, group=gloo)
     rounds = int(max(min_iters, min(max_iters, budget_s / max(float(warm.sum()), 1e-6))))
     times = torch.zeros(len(methods), rounds, dtype=torch.float64)
@@ -82,13 +85,7 @@ def time_round_robin(methods, buf, budget_s, min_iters, max_iters, gloo):
         # after gloo's (whose threads may still hold the cores' quota) must not
         # always be the same method, which a mere rotation would keep.
         for i in torch.randperm(len(methods), generator=torch.Generator().manual_seed(r)).tolist():
-            _, group, algo = methods[i]
-            if algo is not None:
-                hcomm.set_algorithm(algo, group=group)
-            dist.barrier(group=gloo)
-            t0 = time.perf_counter()
-            dist.all_reduce(buf, group=group)
-            times[i, r] = time.perf_counter() - t0
+            times[i, r] = one_call(i)
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)
     med = times.median(dim=1).values
     return {name: float(med[i]) for i, (name, _, _) in enumerate(methods)}, rounds

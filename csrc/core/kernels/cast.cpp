@@ -30,8 +30,8 @@ void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t 
   // there.  Smaller outputs keep regular stores, so a consumer finds them cached.
   constexpr int64_t kStreamMinBytes = int64_t(16) << 20;
   const KernelTable& table = active_table();
-  auto fn = n * static_cast<int64_t>(dsz) >= kStreamMinBytes ? table.convert_stream[static_cast<int>(sf)][static_cast<int>(df)]
-                                                             : table.convert[static_cast<int>(sf)][static_cast<int>(df)];
+  const auto& kernels = n * static_cast<int64_t>(dsz) >= kStreamMinBytes ? table.convert_stream : table.convert;
+  auto fn = kernels[static_cast<int>(sf)][static_cast<int>(df)];
   parallel_for(n, 64, ssz + dsz, [&](int64_t b, int64_t e) { fn(s + b * ssz, d + b * dsz, e - b, 1.0f); });
 }
 

@@ -23,6 +23,12 @@ enum class Fmt : int { kF32 = 0, kBF16, kF16, kE4M3, kE5M2, kCount };
 constexpr int kNumFmt = static_cast<int>(Fmt::kCount);
 constexpr int kNumAccFmt = 3;  // accumulators: f32, bf16, f16
 
+// Bytes per element of a format.
+template <Fmt F>
+constexpr int64_t fmt_bytes() {
+  return F == Fmt::kF32 ? 4 : (F == Fmt::kBF16 || F == Fmt::kF16) ? 2 : 1;
+}
+
 // Reduce ops the float kernels implement; kAvg reduces as kSum.
 enum class FOp : int { kSum = 0, kProd, kMin, kMax, kCount };
 constexpr int kNumFOp = static_cast<int>(FOp::kCount);

@@ -110,11 +110,6 @@ struct Avx512 {
     }
   }
 
-  template <Fmt F>
-  static char* at(void* p, int64_t i) {
-    return static_cast<char*>(p) + i * (F == Fmt::kF32 ? 4 : (F == Fmt::kBF16 || F == Fmt::kF16) ? 2 : 1);
-  }
-
   // kNT: non-temporal stores (simd_body.h, for outputs far larger than the
   // caches): they skip the read-for-ownership of each destination line,
   // which a memory-bound cast pays on every byte it writes.  p + i must then
@@ -122,7 +117,7 @@ struct Avx512 {
   template <Fmt F, bool kNT>
   __attribute__((always_inline)) static void put(void* p, int64_t i, V v) {
     auto r = pack<F>(v);
-    char* d = at<F>(p, i);
+    char* d = static_cast<char*>(p) + i * fmt_bytes<F>();
     if constexpr (F == Fmt::kF32) kNT ? _mm512_stream_ps(reinterpret_cast<float*>(d), r)
                                       : _mm512_storeu_ps(reinterpret_cast<float*>(d), r);
     else if constexpr (sizeof(r) == 32) kNT ? _mm256_stream_si256(reinterpret_cast<__m256i*>(d), r)

@@ -51,11 +51,6 @@ inline typename O::V vapply(typename O::V a, typename O::V b) {
   else return O::max(a, b);
 }
 
-template <Fmt F>
-constexpr int64_t fmt_bytes() {
-  return F == Fmt::kF32 ? 4 : (F == Fmt::kBF16 || F == Fmt::kF16) ? 2 : 1;
-}
-
 template <class O, Fmt S, Fmt D, bool kScaled, bool kNT>
 int64_t convert_run(const void* src, void* dst, int64_t i, int64_t end, float mul) {
   const typename O::V m = O::set1(mul);

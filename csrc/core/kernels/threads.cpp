@@ -2,8 +2,8 @@
 //
 // The pool has hardware_concurrency() - 1 workers, started on first use.
 // A caller reserves idle workers with a CAS on one counter, wakes them on
-// its Grains, takes grains itself until none is left and waits on a latch.  Reserving
-// rather than queueing means the number of busy kernel threads never exceeds
+// its Grains, takes grains itself until none is left and waits on a latch.
+// Reserving rather than queueing means the number of busy kernel threads never exceeds
 // the core count however many communicator threads call in at once.
 //
 // After fork() the child has no workers; an atfork handler drops the pool
