@@ -12,9 +12,9 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 py="$venv/bin/python"
-if ! "$py" -c "import torch, yaml, numpy, pytest, hypothesis, matplotlib, ninja, tqdm" 2>/dev/null; then
+if ! "$py" -c "import torch, yaml, numpy, pytest, hypothesis, matplotlib, ninja, tqdm, tokenizers, transformers, datasets" 2>/dev/null; then
   "$py" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  "$py" -m pip install -q "$torch_req" numpy pyyaml pytest hypothesis matplotlib ninja tqdm setuptools wheel
+  "$py" -m pip install -q "$torch_req" numpy pyyaml pytest hypothesis matplotlib ninja tqdm tokenizers transformers datasets setuptools wheel
 fi
 # Build the extension against the torch in the venv (no build isolation:
 # an isolated build would pull a second torch).
