@@ -1,0 +1,226 @@
+"""Checks for :mod:`hcomm.parallel.plan`: field types when a plan is read from a
+dict (YAML), and the rules a plan must satisfy before any dimension reads it.
+
+Every message starts with the field path (``ranks[2].batch_share``,
+``groups[0].bucket_bytes``) so a person editing a YAML file finds the line.
+No torch here: a plan is checked on machines and in tools that have none.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Any, Dict, List, Optional
+
+COMPUTE_DTYPES = ("fp32", "bf16", "fp16", "fp8")
+BACKENDS = ("hcomm", "ddp-gloo")
+# The wire formats hcomm.compress.parse accepts (its WIRE_DTYPES keys, kept in
+# step by a test); repeated here because hcomm.compress imports torch.
+WIRE_FORMATS = ("none", "fp32", "bf16", "fp16", "fp8e4m3", "fp8e5m2")
+MIN_BUCKET_BYTES = 1024
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message names the field path and the rank."""
+
+
+# --- reading a dict into dataclasses -------------------------------------------------
+
+def build(cls: type, data: Any, where: str) -> Any:
+    """``cls(**data)`` with unknown keys, missing keys and wrong types reported by path."""
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            raise PlanError(f"{_join(where, key)}: unknown key (known: {', '.join(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in data:
+            kwargs[name] = convert(data[name], hints[name], _join(where, name))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise PlanError(f"{where or 'plan'}: missing required key {name!r}")
+    return cls(**kwargs)
+
+
+def convert(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as type ``hint`` (int, float, str, Optional, List, Tuple, dataclass)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        return convert(value, next(a for a in args if a is not type(None)), where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise PlanError(f"{where}: expected a list, got {value!r}")
+        if origin is tuple:
+            if len(value) != len(args):
+                raise PlanError(f"{where}: expected {len(args)} items, got {value!r}")
+            return tuple(convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        return [convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, where)
+    if hint is float:
+        # PyYAML reads "1e-3" (no dot) as a string; accept what float() reads.
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"plan field type {hint!r} has no converter")  # a new field needs one
+    raise PlanError(f"{where}: expected {hint.__name__}, got {value!r}")
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+# --- the rules ----------------------------------------------------------------------
+
+def check_plan(plan: Any, world_size: Optional[int]) -> None:
+    """Raises :class:`PlanError` for the first rule ``plan`` breaks."""
+    _check_top(plan)
+    _check_rank_numbering(plan.ranks, world_size)
+    _check_shares(plan)
+    for i, r in enumerate(plan.ranks):
+        _check_rank(r, f"ranks[{i}]")
+    _check_groups(plan.groups, len(plan.ranks))
+
+
+def _check_top(plan: Any) -> None:
+    if plan.backend not in BACKENDS:
+        raise PlanError(f"backend: must be one of {', '.join(BACKENDS)}, got {plan.backend!r}")
+    if plan.global_batch < 1:
+        raise PlanError(f"global_batch: must be >= 1, got {plan.global_batch}")
+    if plan.seq_len < 1:
+        raise PlanError(f"seq_len: must be >= 1, got {plan.seq_len}")
+    if plan.predicted_step_s is not None and not (math.isfinite(plan.predicted_step_s)
+                                                  and plan.predicted_step_s >= 0):
+        raise PlanError(f"predicted_step_s: must be a finite number >= 0 or None, got {plan.predicted_step_s}")
+
+
+def _check_rank_numbering(ranks: List[Any], world_size: Optional[int]) -> None:
+    n = len(ranks)
+    if n == 0:
+        raise PlanError("ranks: the plan has no ranks")
+    numbers = [r.rank for r in ranks]
+    missing = sorted(set(range(n)) - set(numbers))
+    duplicates = sorted({x for x in numbers if numbers.count(x) > 1})
+    extra = sorted({x for x in numbers if not 0 <= x < n})
+    if missing or duplicates or extra:
+        problems = [f"{label} {', '.join(map(str, xs))}" for label, xs in
+                    (("missing", missing), ("duplicated", duplicates), ("out of range", extra)) if xs]
+        raise PlanError(f"ranks: must be numbered 0..{n - 1} once each; {'; '.join(problems)}")
+    for i, x in enumerate(numbers):
+        if x != i:  # consumers index plan.ranks[rank]
+            raise PlanError(f"ranks[{i}].rank: is {x}; list the ranks in order 0..{n - 1}")
+    if world_size is not None and world_size != n:
+        raise PlanError(f"plan has {n} ranks, the job has {world_size}")
+
+
+def _check_shares(plan: Any) -> None:
+    shares = [r.batch_share for r in plan.ranks]
+    for i, s in enumerate(shares):
+        if not math.isfinite(s):
+            raise PlanError(f"ranks[{i}].batch_share: must be finite, got {s}")
+        if s < 0:
+            raise PlanError(f"ranks[{i}].batch_share: must be >= 0, got {s}")
+    total = sum(shares)
+    if abs(total - 1.0) > 1e-6:
+        listed = ", ".join(f"{s:g}" for s in shares)
+        raise PlanError(f"batch shares sum to {total:.9g} (ranks 0..{len(shares) - 1}: {listed}); "
+                        f"they must sum to 1")
+    working = [i for i, s in enumerate(shares) if s > 0]
+    if plan.global_batch < len(working):
+        raise PlanError(f"global_batch {plan.global_batch} is smaller than the {len(working)} ranks with a "
+                        f"non-zero share (ranks {', '.join(map(str, working))})")
+    counts = plan.batch_counts()
+    for i in working:
+        if counts[i] == 0:
+            raise PlanError(f"ranks[{i}].batch_share: {shares[i]:g} of global_batch {plan.global_batch} rounds "
+                            f"to 0 samples; a rank with a non-zero share needs at least 1 (a share of 0 "
+                            f"makes it reduction-only)")
+
+
+def _check_rank(r: Any, where: str) -> None:
+    if r.compute_dtype not in COMPUTE_DTYPES:
+        raise PlanError(f"{where}.compute_dtype: must be one of {', '.join(COMPUTE_DTYPES)}, "
+                        f"got {r.compute_dtype!r}")
+    if r.micro_batch < 0:
+        raise PlanError(f"{where}.micro_batch: must be >= 0 (0 = all samples at once), got {r.micro_batch}")
+    if r.stage < 0:
+        raise PlanError(f"{where}.stage: must be >= 0, got {r.stage}")
+    if r.layers is not None:
+        if len(r.layers) != 2 or not 0 <= r.layers[0] < r.layers[1]:
+            raise PlanError(f"{where}.layers: must be a half-open pair [start, end) with 0 <= start < end, "
+                            f"got {tuple(r.layers)}")
+    if r.tp_group < 0:
+        raise PlanError(f"{where}.tp_group: must be >= 0, got {r.tp_group}")
+    if not 0 < r.tp_fraction <= 1:
+        raise PlanError(f"{where}.tp_fraction: must be in (0, 1], got {r.tp_fraction}")
+    if r.zero_stage not in (0, 1, 2, 3):
+        raise PlanError(f"{where}.zero_stage: must be 0, 1, 2 or 3, got {r.zero_stage}")
+    if r.shard_fraction is not None and not 0 <= r.shard_fraction <= 1:
+        raise PlanError(f"{where}.shard_fraction: must be in [0, 1] or None, got {r.shard_fraction}")
+
+
+def _check_groups(groups: List[Any], n_ranks: int) -> None:
+    seen: Dict[str, int] = {}
+    for i, g in enumerate(groups):
+        where = f"groups[{i}]"
+        if not g.name:
+            raise PlanError(f"{where}.name: must not be empty")
+        if g.name in seen:
+            raise PlanError(f"{where}.name: duplicate group name {g.name!r} (also groups[{seen[g.name]}])")
+        seen[g.name] = i
+        _check_group(g, where, n_ranks)
+    if "dp" not in seen:
+        names = ", ".join(repr(g.name) for g in groups) or "none"
+        raise PlanError(f"groups: a group named 'dp' is required (groups: {names})")
+    uncovered = sorted(set(range(n_ranks)) - set(groups[seen["dp"]].ranks))
+    if uncovered:
+        raise PlanError(f"groups[{seen['dp']}].ranks: the 'dp' group must cover every rank; "
+                        f"missing {', '.join(map(str, uncovered))}")
+
+
+def _check_group(g: Any, where: str, n_ranks: int) -> None:
+    if not g.ranks:
+        raise PlanError(f"{where}.ranks: must not be empty")
+    for r in g.ranks:
+        if not 0 <= r < n_ranks:
+            raise PlanError(f"{where}.ranks: rank {r} does not exist (the plan has ranks 0..{n_ranks - 1})")
+        if g.ranks.count(r) > 1:
+            raise PlanError(f"{where}.ranks: rank {r} is listed {g.ranks.count(r)} times")
+    if g.bucket_bytes < MIN_BUCKET_BYTES:
+        raise PlanError(f"{where}.bucket_bytes: must be >= {MIN_BUCKET_BYTES} (1 KiB), got {g.bucket_bytes}")
+    check_compression(g.compression, f"{where}.compression")
+    if g.sync_every < 1:
+        raise PlanError(f"{where}.sync_every: must be >= 1, got {g.sync_every}")
+    if not (math.isfinite(g.outer_lr) and g.outer_lr > 0):
+        raise PlanError(f"{where}.outer_lr: must be > 0, got {g.outer_lr}")
+    if not 0 <= g.outer_momentum < 1:
+        raise PlanError(f"{where}.outer_momentum: must be in [0, 1), got {g.outer_momentum}")
+    if g.micro_batches < 1:
+        raise PlanError(f"{where}.micro_batches: must be >= 1, got {g.micro_batches}")
+
+
+def check_compression(text: str, where: str) -> None:
+    """The grammar of ``hcomm.compress.parse``: a wire format, optionally ``:ef``."""
+    name, _, suffix = text.strip().lower().partition(":")
+    if name not in WIRE_FORMATS:
+        raise PlanError(f"{where}: unknown wire format {name!r} in {text!r}; expected one of "
+                        f"{', '.join(WIRE_FORMATS)}, optionally with ':ef'")
+    if suffix not in ("", "ef"):
+        raise PlanError(f"{where}: unknown suffix {suffix!r} in {text!r}; only ':ef' is defined")
+    if suffix and name in ("none", "fp32"):
+        raise PlanError(f"{where}: error feedback ({text!r}) needs a compressed wire format, not {name!r}")
