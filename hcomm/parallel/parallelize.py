@@ -1,0 +1,175 @@
+"""Applying a plan to a model on one rank: ``parallelize(model, plan, groups)``.
+
+Each dimension reads only its own part of the plan.  For now that is data
+parallelism: this rank's sample count and micro-batch, and the "dp" group's
+bucket size, weak-tier compression and cross-island sync period.  The
+``ddp-gloo`` backend is the homogeneous baseline: torch's DDP at its
+defaults over gloo, equal batches.
+
+``ParallelModel.train_step(rows_fn)`` runs one optimizer step: forward and
+backward over this rank's rows in micro-batches, the gradient sync, the
+optimizer, and (every H steps) the outer sync; it returns the rank's
+seconds split into compute, sync wait and optimizer.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from hcomm.parallel.data import GradSync
+from hcomm.parallel.outer import OuterSync
+from hcomm.parallel.plan import Plan
+
+
+@dataclass
+class Groups:
+    """The process groups a plan runs over (every rank builds them together: see ``make_groups``)."""
+
+    default: object                 # gloo: control, the DDP baseline
+    hcomm: object                   # every rank, hcomm backend
+    island: object                  # this rank's island, hcomm backend
+    islands: List[List[int]]        # global ranks of each island
+    island_index: int
+
+
+def make_groups(default_group=None) -> Groups:
+    """The hcomm group of every rank and one hcomm group per island (collective)."""
+    import hcomm
+
+    everyone = dist.new_group(backend="hcomm")
+    topo = hcomm.topology(everyone)
+    rank = dist.get_rank()
+    mine, index = None, 0
+    for i, members in enumerate(topo.islands):
+        g = dist.new_group(ranks=members, backend="hcomm")
+        if rank in members:
+            mine, index = g, i
+    return Groups(default_group or dist.group.WORLD, everyone, mine, [list(m) for m in topo.islands], index)
+
+
+@dataclass
+class StepTimes:
+    compute_s: float = 0.0      # forward + backward of this rank's samples
+    sync_wait_s: float = 0.0    # after backward until every bucket is reduced (exposed comm + waiting for peers)
+    optimizer_s: float = 0.0
+    outer_s: float = 0.0        # cross-island outer sync (0 on inner steps)
+    step_s: float = 0.0
+    local_loss: float = float("nan")   # this rank's mean loss over its samples (nan with no samples)
+    global_loss: float = float("nan")  # the plan's global-batch loss when the sync carried it
+
+
+@dataclass
+class ParallelModel:
+    model: torch.nn.Module
+    plan: Plan
+    rank: int
+    samples: int
+    offset: int
+    micro_batch: int
+    seq_len: int
+    sync: Optional[GradSync] = None
+    outer: Optional[OuterSync] = None
+    ddp: Optional[torch.nn.Module] = None
+    steps: int = 0
+    notes: List[str] = field(default_factory=list)
+
+    def train_step(self, rows_for: Callable[[int, int], torch.Tensor], optimizer) -> StepTimes:
+        """One optimizer step; ``rows_for(offset, count)`` gives this rank's rows of the global batch."""
+        times = StepTimes()
+        start = time.perf_counter()
+        rows = rows_for(self.offset, self.samples)
+        if self.ddp is not None:
+            times.local_loss = self._ddp_forward_backward(rows)
+            times.compute_s = time.perf_counter() - start
+        else:
+            self.sync.zero_grad()
+            if self.samples == 0:
+                self.sync.sync_without_backward()
+            else:
+                times.local_loss = self._forward_backward(rows)
+            times.compute_s = time.perf_counter() - start
+            times.sync_wait_s = self.sync.wait()
+            times.global_loss = self.sync.global_loss()
+        t = time.perf_counter()
+        optimizer.step()
+        times.optimizer_s = time.perf_counter() - t
+        if self.outer is not None and self.outer.due(self.steps):
+            times.outer_s = self.outer.step()
+        self.steps += 1
+        times.step_s = time.perf_counter() - start
+        return times
+
+    def _chunks(self, rows: torch.Tensor) -> List[torch.Tensor]:
+        size = self.micro_batch or rows.shape[0]
+        return list(rows.split(size))
+
+    def _forward_backward(self, rows: torch.Tensor) -> float:
+        # Sum over the rank's tokens / its token count = its mean loss, exact across micro-batches.
+        denominator = float(rows.shape[0] * self.seq_len)
+        chunks = self._chunks(rows)
+        total = 0.0
+        for i, chunk in enumerate(chunks):
+            loss = self.model.loss(chunk, reduction="sum") / denominator
+            value = float(loss.detach())
+            total += value
+            self.sync.add_loss(value)   # before the last backward: the last bucket carries it
+            last = i == len(chunks) - 1
+            with (contextlib.nullcontext() if last else self.sync.accumulating()):
+                loss.backward()
+        return total
+
+    def _ddp_forward_backward(self, rows: torch.Tensor) -> float:
+        from hcomm.models.llama import causal_lm_loss
+
+        self.model.zero_grad(set_to_none=True)
+        chunks = self._chunks(rows)
+        total = 0.0
+        for i, chunk in enumerate(chunks):
+            loss = causal_lm_loss(self.ddp, chunk, reduction="sum") / float(rows.shape[0] * self.seq_len)
+            total += float(loss.detach())
+            last = i == len(chunks) - 1
+            with (contextlib.nullcontext() if last else self.ddp.no_sync()):
+                loss.backward()
+        return total
+
+    def close(self) -> None:
+        if self.sync is not None:
+            self.sync.remove()
+
+
+def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelModel:
+    """Wrap ``model`` for this rank as ``plan`` says (every rank calls it with the same plan)."""
+    import hcomm
+
+    rank = dist.get_rank()
+    plan.validate(dist.get_world_size())
+    counts, offsets = plan.batch_counts(), plan.batch_offsets()
+    me = plan.ranks[rank]
+    dp = plan.dp_group()
+    pm = ParallelModel(model, plan, rank, counts[rank], offsets[rank], me.micro_batch, plan.seq_len)
+    if plan.backend == "ddp-gloo":
+        if len(set(counts)) != 1:
+            raise ValueError(f"the ddp-gloo baseline averages over ranks and needs equal batches; "
+                             f"the plan gives {counts}")
+        from torch.nn.parallel import DistributedDataParallel
+
+        pm.ddp = DistributedDataParallel(model, process_group=groups.default)
+        return pm
+    global_batch = sum(counts)
+    if dp.sync_every > 1:
+        members = groups.islands[groups.island_index]
+        island_samples = sum(counts[r] for r in members)
+        weight = counts[rank] / island_samples if island_samples else 0.0
+        pm.sync = GradSync(model, groups.island, weight=weight, bucket_bytes=dp.bucket_bytes)
+        pm.outer = OuterSync(model, groups.hcomm, every=dp.sync_every, island_weight=island_samples / global_batch,
+                             island_size=len(members), lr=dp.outer_lr, momentum=dp.outer_momentum)
+        hcomm.set_compression(dp.compression, group=groups.hcomm)
+    else:
+        pm.sync = GradSync(model, groups.hcomm, weight=counts[rank] / global_batch, bucket_bytes=dp.bucket_bytes)
+        hcomm.set_compression(dp.compression, group=groups.hcomm)
+    return pm
