@@ -11,7 +11,9 @@ from typing import List, Optional
 
 # name -> (module, one-line help)
 SUBCOMMANDS = {
-    "demo": ("hcomm.demo", "spawn local ranks and compare hcomm with gloo (the main job for now)"),
+    "train": ("hcomm.train.cli", "train a Llama-style model: hcomm's plan vs the homogeneous baseline (the main job)"),
+    "plan": ("hcomm.train.plan_cli", "print the plan auto would run, its predicted step time and what it beat"),
+    "demo": ("hcomm.demo", "spawn local ranks and compare hcomm with gloo (collectives only)"),
     "bench": ("hcomm.bench.cli", "nccl-tests style bandwidth benchmarks: hcomm bench OP ..."),
     "topo": ("hcomm.bench.topo", "measured link matrix (alpha, beta) as a table and a heatmap"),
     "emulate": ("hcomm.emulate.cli", "bring up / run on / check an emulated heterogeneous cluster"),

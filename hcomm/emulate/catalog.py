@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import List
 
-DEFAULT_PRESET = "two-islands"
+DEFAULT_PRESET = "mixed"
 _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
 
 

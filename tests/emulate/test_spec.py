@@ -16,9 +16,9 @@ def _spec(**node_overrides):
 
 
 def test_presets_load_with_expected_shapes():
-    assert set(presets()) >= {"two-islands", "uneven", "mixed-speed"}
-    assert DEFAULT_PRESET == "two-islands"
-    assert load_spec(None).name == "two-islands"
+    assert set(presets()) >= {"mixed", "two-islands", "uneven", "mixed-speed"}
+    assert DEFAULT_PRESET == "mixed"
+    assert load_spec(None).name == "mixed"
     shapes = {p: [len(n.ranks) for n in load_spec(p).nodes] for p in presets()}
     assert shapes["two-islands"] == [2, 2]
     assert shapes["uneven"] == [3, 2, 1]

@@ -1,0 +1,94 @@
+"""What the planner knows about the cluster: ranks, islands, profiles, link costs.
+
+``ClusterView`` is plain data plus cost callables, so planning is a pure
+function that tests can drive with synthetic profiles.  ``discover`` builds
+it on a live job: the hcomm group's topology (islands, devices), every
+rank's measured ``DeviceProfile`` (exchanged through the store), and the
+comm layer's own all-reduce predictions for the global group and for each
+island's group.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+AllReduceTime = Callable[[int], float]
+
+
+@dataclass
+class ClusterView:
+    devices: List[str]                       # device kind per rank
+    islands: List[List[int]]                 # global ranks of each island
+    profiles: List                           # DeviceProfile per rank
+    allreduce_s: AllReduceTime               # bytes -> seconds over every rank (hcomm)
+    island_allreduce_s: List[AllReduceTime]  # per island, over its ranks
+    optimizer_s: List[float]                 # measured optimizer step per rank
+    baseline_allreduce_s: Optional[AllReduceTime] = None  # the torch baseline's (gloo ring) for comparison
+    island_names: List[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+    def island_of(self, rank: int) -> int:
+        for i, members in enumerate(self.islands):
+            if rank in members:
+                return i
+        raise KeyError(rank)
+
+
+# Sizes at which the comm layer's model is sampled: every power of two from
+# 1 KiB to 4 GiB; in between, log-log interpolation (the model is smooth there).
+SAMPLE_BYTES = [1 << k for k in range(10, 33)]
+
+
+def sample_allreduce(group, algorithm: Optional[str] = None) -> List[float]:
+    """The comm layer's predicted all-reduce seconds on ``group`` at ``SAMPLE_BYTES``."""
+    import hcomm
+
+    if algorithm:
+        return [float(hcomm.predict("all_reduce", n, algorithm, group=group)) for n in SAMPLE_BYTES]
+    return [float(hcomm.plan("all_reduce", n, group=group)["predicted_seconds"]) for n in SAMPLE_BYTES]
+
+
+def interpolated(samples: Sequence[float]) -> AllReduceTime:
+    """bytes -> seconds from samples at ``SAMPLE_BYTES`` (log-log; clamped at the ends)."""
+    logs = [math.log(n) for n in SAMPLE_BYTES]
+    values = [math.log(max(t, 1e-12)) for t in samples]
+
+    def predict(nbytes: int) -> float:
+        x = math.log(max(nbytes, SAMPLE_BYTES[0]))
+        if x >= logs[-1]:
+            # beyond the table the time grows linearly in bytes
+            return math.exp(values[-1]) * nbytes / SAMPLE_BYTES[-1]
+        i = bisect.bisect_right(logs, x) - 1
+        w = (x - logs[i]) / (logs[i + 1] - logs[i])
+        return math.exp(values[i] + w * (values[i + 1] - values[i]))
+
+    return predict
+
+
+def discover(default_group, hcomm_group, island_group, profiles: List, optimizer_s: List[float]) -> ClusterView:
+    """The view of a live job; every rank calls it and gets the same view.
+
+    A rank can only ask the comm layer about groups it belongs to, so each
+    rank samples its own island's group and the samples are exchanged over
+    ``default_group``.
+    """
+    import torch.distributed as dist
+
+    import hcomm
+
+    topo = hcomm.topology(hcomm_group)
+    mine = sample_allreduce(island_group) if island_group is not None else [0.0] * len(SAMPLE_BYTES)
+    gathered: List = [None] * dist.get_world_size(default_group)
+    dist.all_gather_object(gathered, mine, group=default_group)
+    island_predictors = [interpolated(gathered[members[0]]) for members in topo.islands]
+    return ClusterView(
+        devices=[r.device for r in topo.ranks], islands=[list(m) for m in topo.islands],
+        profiles=list(profiles), allreduce_s=interpolated(sample_allreduce(hcomm_group)),
+        island_allreduce_s=island_predictors, optimizer_s=list(optimizer_s),
+        baseline_allreduce_s=interpolated(sample_allreduce(hcomm_group, "ring")),
+        island_names=[topo.ranks[m[0]].island for m in topo.islands])

@@ -1,0 +1,119 @@
+"""The step-time model every choice is made with.
+
+Built from measured parts only: each rank's per-piece forward/backward
+seconds (``DeviceProfile``, at its real speed), and the comm layer's own
+prediction of each collective (``hcomm.plan``: alpha-beta per tier, the
+algorithm hcomm would pick).  Nothing here knows about a particular cluster.
+
+A data-parallel step on rank r with ``n_r`` samples in micro-batches of
+``m_r``: forward+backward of every micro-batch (linear in samples: the
+profile's per-sample cost; a simplification that is exact for the matmuls
+and slightly pessimistic for tiny batches), then the optimizer.  Gradient
+buckets are filled in backward order during the *last* micro-batch's
+backward; bucket j can start when every rank has filled it, and buckets go
+out one after another (one stream per group, as hcomm's executor runs them):
+
+    start_j = max(ready_j, end_{j-1}),  end_j = start_j + allreduce(bytes_j)
+    step    = max(max_r compute_r, end_last) + optimizer
+
+so a bucket size trades latency per bucket (many small ones) against
+overlap (one big one waits for the whole backward).  A rank with no samples
+is ready at once.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+AllReduceTime = Callable[[int], float]  # bytes -> seconds on the group
+
+
+@dataclass
+class StepEstimate:
+    step_s: float
+    compute_s: List[float]          # per rank, forward + backward of all its samples
+    comm_total_s: float             # sum of the bucket all-reduces
+    comm_exposed_s: float           # what the slowest rank's compute did not hide
+    optimizer_s: float
+    outer_s: float = 0.0            # amortised cross-island outer sync (DiLoCo), per step
+    buckets: int = 0
+    detail: List[str] = field(default_factory=list)
+
+    @property
+    def bottleneck(self) -> str:
+        if self.comm_exposed_s + self.outer_s > 0.25 * self.step_s:
+            return "communication"
+        return "compute"
+
+
+def per_sample(profile) -> Tuple[List[float], List[float]]:
+    """(forward, backward) seconds per sample of each piece."""
+    mb = float(profile.micro_batch)
+    return [c.fwd_s / mb for c in profile.layers], [c.bwd_s / mb for c in profile.layers]
+
+
+def gradient_layout(profile) -> List[int]:
+    """Gradient bytes of each piece in the order backward produces them (last piece first)."""
+    return [c.grad_bytes for c in reversed(profile.layers)]
+
+
+def bucket_plan(grad_bytes_backward: Sequence[int], bucket_bytes: int) -> List[Tuple[int, int]]:
+    """(bytes, index of the piece whose backward completes the bucket) per bucket.
+
+    Pieces are split across buckets at ``bucket_bytes`` boundaries, which is
+    what packing parameters gives for pieces made of many parameters.
+    """
+    out: List[Tuple[int, int]] = []
+    filled = 0
+    for piece, nbytes in enumerate(grad_bytes_backward):
+        while nbytes > 0:
+            take = min(nbytes, bucket_bytes - filled)
+            filled += take
+            nbytes -= take
+            if filled >= bucket_bytes:
+                out.append((filled, piece))
+                filled = 0
+    if filled:
+        out.append((filled, len(grad_bytes_backward) - 1))
+    return out
+
+
+def rank_compute(profile, samples: int, micro_batch: int) -> Tuple[float, List[float]]:
+    """(forward+backward seconds, time each backward piece finishes in the last micro-batch)."""
+    if samples <= 0:
+        return 0.0, [0.0] * len(profile.layers)
+    fwd, bwd = per_sample(profile)
+    m = max(1, min(micro_batch or samples, samples))
+    last = samples - m * (math.ceil(samples / m) - 1)
+    total = samples * (sum(fwd) + sum(bwd))
+    t = total - last * sum(bwd)
+    done = []
+    for b in reversed(bwd):
+        t += last * b
+        done.append(t)
+    return total, done
+
+
+def dp_step(profiles: Sequence, counts: Sequence[int], bucket_bytes: int, allreduce_s: AllReduceTime, *,
+            micro_batches: Optional[Sequence[int]] = None, optimizer_s: float = 0.0,
+            outer_every: int = 1, outer_s: float = 0.0) -> StepEstimate:
+    """Predicted seconds of one data-parallel step (see the module docstring)."""
+    if len(profiles) != len(counts):
+        raise ValueError(f"{len(profiles)} profiles for {len(counts)} ranks")
+    micro = list(micro_batches or [0] * len(counts))
+    per_rank = [rank_compute(p, n, m) for p, n, m in zip(profiles, counts, micro)]
+    compute = [c for c, _ in per_rank]
+    buckets = bucket_plan(gradient_layout(profiles[0]), bucket_bytes)
+    end = 0.0
+    comm_total = 0.0
+    for nbytes, piece in buckets:
+        ready = max(done[piece] for _, done in per_rank)
+        t = allreduce_s(nbytes)
+        comm_total += t
+        end = max(ready, end) + t
+    slowest = max(compute)
+    amortised_outer = outer_s / outer_every if outer_every > 1 else 0.0
+    step = max(slowest, end) + optimizer_s + amortised_outer
+    return StepEstimate(step, compute, comm_total, max(0.0, end - slowest), optimizer_s, amortised_outer,
+                        len(buckets))

@@ -1,0 +1,123 @@
+"""``hcomm train``: train a Llama-style model with hcomm's plan on a (possibly emulated) cluster.
+
+With no arguments it is the main job: on the default emulated cluster it
+trains the ``auto`` plan and the homogeneous baseline (``uniform``: equal
+batches, torch DDP at its defaults over gloo) on the same data for the same
+steps, and prints both side by side with the speed-up at equal loss.
+
+Under ``torchrun`` or ``hcomm emulate run`` it uses the launcher's ranks;
+otherwise it brings the emulated cluster up itself (as ``hcomm demo``
+does), or, where the emulator cannot run, local unshaped ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+MAIN_JOB = dict(model="small", steps=30, global_batch=24, seq_len=64, lr=2e-3)
+
+
+def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--cluster", default=None, help="emulator preset or spec file (default: the default preset)")
+    p.add_argument("--model", default=None, help=f"named config or YAML file (default {MAIN_JOB['model']})")
+    p.add_argument("--hf", action="store_true", help="train the Hugging Face LlamaForCausalLM of the same config")
+    p.add_argument("--plan", default=None,
+                   help="auto, uniform, a plan YAML, or a comma list to compare (default: auto,uniform)")
+    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default {MAIN_JOB['steps']})")
+    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of tokens/s (first-call costs)")
+    p.add_argument("--global-batch", type=int, default=None, help=f"samples per step (default {MAIN_JOB['global_batch']})")
+    p.add_argument("--seq-len", type=int, default=None, help=f"tokens per sample (default {MAIN_JOB['seq_len']})")
+    p.add_argument("--lr", type=float, default=None, help=f"AdamW learning rate (default {MAIN_JOB['lr']})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default=None, help="text file, folder, or datasets folder (default: Python's stdlib)")
+    p.add_argument("--tokenizer", default="bpe", choices=["bpe", "bytes"])
+    p.add_argument("--vocab", type=int, default=2048, help="BPE vocabulary size")
+    p.add_argument("--data-bytes", type=int, default=4 << 20, help="most corpus bytes to tokenise")
+    p.add_argument("--dp-shares", default=None, help="pin the batch shares, e.g. 0.4,0.4,0.1,0.1")
+    p.add_argument("--bucket-mb", type=float, default=None, help="pin the gradient bucket size (MiB)")
+    p.add_argument("--sync-every", type=int, default=1, help="cross-island sync period H (DiLoCo outer steps)")
+    p.add_argument("--compress", default="none", help="inter-island wire format: none, bf16, fp16, fp8e4m3[:ef], ...")
+    p.add_argument("--profile-budget", type=float, default=10.0, help="seconds each rank may spend profiling")
+    p.add_argument("--eval-batches", type=int, default=4, help="held-out batches for the final eval loss")
+    p.add_argument("--json", default=None, help="write one record per step, the plans, machine and versions")
+    p.add_argument("--plot", default=None, help="draw loss vs time and the per-rank time breakdown (PNG)")
+    p.add_argument("--print-plan-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--local", action="store_true", help="unshaped local ranks, no emulated cluster")
+    args = p.parse_args(argv)
+    compare_default = args.plan is None
+    for key, value in MAIN_JOB.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if compare_default:
+        args.plan = "auto,uniform"
+    _check(p, args)
+    return args
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Errors a user can fix, named, before any cluster comes up."""
+    if args.steps < 1:
+        p.error(f"--steps must be >= 1, got {args.steps}")
+    if args.global_batch < 1:
+        p.error(f"--global-batch must be >= 1, got {args.global_batch}")
+    if args.seq_len < 1:
+        p.error(f"--seq-len must be >= 1, got {args.seq_len}")
+    if not args.lr > 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
+    if args.sync_every < 1:
+        p.error(f"--sync-every must be >= 1, got {args.sync_every}")
+    if args.warmup_steps < 0 or args.warmup_steps >= args.steps:
+        p.error(f"--warmup-steps must be in [0, steps), got {args.warmup_steps} with --steps {args.steps}")
+    if args.data is not None and not os.access(args.data, os.R_OK):
+        p.error(f"--data {args.data}: no such file or folder, or not readable")
+    if args.bucket_mb is not None and args.bucket_mb * 2**20 < 1024:
+        p.error(f"--bucket-mb must be at least 1 KiB, got {args.bucket_mb}")
+    if args.dp_shares is not None:
+        try:
+            args.dp_shares = [float(x) for x in args.dp_shares.split(",")]
+        except ValueError:
+            p.error(f"--dp-shares must be comma-separated numbers, got {args.dp_shares!r}")
+    for name in args.plan.split(","):
+        if name not in ("auto", "uniform") and not os.path.isfile(name):
+            p.error(f"--plan {name}: not auto, uniform or a readable plan file")
+    try:
+        from hcomm.models import get_config
+
+        get_config(args.model)
+    except ValueError as e:
+        p.error(f"--model: {e}")
+    from hcomm.compress import parse as parse_compression
+
+    try:
+        parse_compression(args.compress)
+    except ValueError as e:
+        p.error(f"--compress: {e}")
+
+
+def _worker_argv(argv: List[str]) -> List[str]:
+    return [sys.executable, "-m", "hcomm.train.worker", *argv]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(argv or [])
+    args = parse(argv)
+    if "RANK" in os.environ:  # torchrun / hcomm emulate run: we are one rank
+        from hcomm.train.worker import run
+
+        return run(args)
+    from hcomm.emulate import DEFAULT_PRESET, load_spec, run as run_emulated
+    from hcomm.emulate.preflight import message, missing
+
+    spec = load_spec(args.cluster or DEFAULT_PRESET)
+    lacking = [] if args.local else missing()
+    unshaped = bool(args.local or lacking)
+    if lacking:
+        print(f"hcomm train: the emulator cannot run here ({message(lacking)}); running {spec.world_size} "
+              f"unshaped local ranks instead (speeds, memory and links are NOT emulated)", file=sys.stderr)
+    where = "unshaped local ranks" if unshaped else "emulated cluster"
+    print(f"hcomm train: {args.plan.replace(',', ' vs ')} on {where} '{spec.name}' ({spec.world_size} ranks: "
+          + ", ".join(f"{r.device}@{r.speed:g}" for r in spec.ranks) + ")", flush=True)
+    return run_emulated(spec, _worker_argv(argv), unshaped=unshaped)

@@ -1,0 +1,178 @@
+"""One rank of ``hcomm train``: build, measure, plan, then train each plan asked for.
+
+Read top to bottom: the process's memory baseline, the process groups, the
+data (rank 0 tokenises, the others read its cache), the model, this rank's
+profile and everyone's, the cluster view, the plans (rank 0 plans, every
+rank gets the same YAML), then for each plan a fresh model from the same
+seed trained on the same global batches (``loop.train_plan``), and finally
+rank 0's report.  Every error that input can cause is raised here, on every
+rank, before the first step.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+import hcomm  # noqa: F401  (registers the backend)
+from hcomm.parallel.profile import process_rss_bytes
+
+# The process's own cost (interpreter, torch, hcomm), before any model or data:
+# what a plan may use is the rank's memory minus this.
+_BASELINE_BYTES = process_rss_bytes()
+
+
+def _log(rank: int, text: str) -> None:
+    if rank == 0:
+        print(f"hcomm train: {text}", flush=True)
+
+
+def _broadcast_object(obj, rank: int):
+    box = [obj if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def load_data(args, rank: int):
+    """Tokens split into training and held-out parts (rank 0 fills the cache first)."""
+    from hcomm.train.data import load_tokens
+
+    if rank == 0:
+        data = load_tokens(args.data, tokenizer=args.tokenizer, vocab_size=args.vocab, max_bytes=args.data_bytes)
+    dist.barrier()
+    if rank != 0:
+        data = load_tokens(args.data, tokenizer=args.tokenizer, vocab_size=args.vocab, max_bytes=args.data_bytes)
+    held_out = (args.eval_batches * args.global_batch + 1) * args.seq_len + 1
+    if data.tokens.numel() < 4 * held_out:
+        raise ValueError(f"the corpus has {data.tokens.numel()} tokens; {args.eval_batches} held-out batches of "
+                         f"{args.global_batch} x {args.seq_len} need {held_out} and training needs more "
+                         f"(lower --global-batch/--seq-len/--eval-batches or give more --data)")
+    return data, data.tokens[:-held_out], data.tokens[-held_out:]
+
+
+def build(args, vocab_size: int):
+    from hcomm.models import build_hf_llama, build_model, get_config
+
+    config = get_config(args.model)
+    if args.seq_len > config.max_seq_len:
+        raise ValueError(f"--seq-len {args.seq_len} exceeds the model's max_seq_len {config.max_seq_len}")
+    if args.hf:
+        return build_hf_llama(config, vocab_size=vocab_size, seed=args.seed), config
+    return build_model(config, vocab_size=vocab_size, seed=args.seed), config
+
+
+def optimizer_seconds(model, lr: float, reps: int = 3) -> float:
+    """Median AdamW step over this model's parameter shapes (on copies: training starts untouched)."""
+    params = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    from hcomm.train.loop import make_optimizer
+
+    opt = make_optimizer(params, lr)
+    times = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    del opt, params
+    return sorted(times[1:])[reps // 2]
+
+
+def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, world: int):
+    from hcomm.parallel.cluster import discover
+    from hcomm.parallel.profile_store import gather_profiles, model_signature, resolve_profile
+
+    micro = max(1, min(4, args.global_batch // world))
+    signature = model_signature({**config.to_dict(), "hf": args.hf}, vocab_size)
+    topo = hcomm.topology(groups.hcomm)
+    local = resolve_profile(model, model_signature=signature, cluster_signature=topo.signature(),
+                            micro_batch=micro, seq_len=args.seq_len, vocab_size=vocab_size, rank=rank,
+                            budget_s=args.profile_budget, baseline_bytes=_BASELINE_BYTES)
+    store = dist.distributed_c10d._get_default_store()
+    profiles = gather_profiles(local, store, rank, world, timeout_s=max(120.0, 6 * args.profile_budget))
+    opt_s = [None] * world
+    dist.all_gather_object(opt_s, optimizer_seconds(model, args.lr))
+    return discover(groups.default, groups.hcomm, groups.island, profiles, opt_s)
+
+
+def make_plans(args, view, rank: int) -> List:
+    """The plans to run, made on rank 0 and sent to all (every rank then validates its copy)."""
+    from hcomm.parallel.plan import Plan
+    from hcomm.parallel.planner.data import micro_batch_limits, plan_data_parallel
+
+    texts = []
+    if rank == 0:
+        for name in args.plan.split(","):
+            if name == "auto":
+                plan, _ = plan_data_parallel(
+                    view, args.global_batch, args.seq_len, shares=args.dp_shares,
+                    bucket_bytes=int(args.bucket_mb * 2**20) if args.bucket_mb else None,
+                    sync_every=args.sync_every, compression=args.compress)
+            elif name == "uniform":
+                plan = Plan.uniform(view.world_size, args.global_batch, args.seq_len)
+                plan.backend = "ddp-gloo"
+                limit = min(micro_batch_limits(view))
+                for r in plan.ranks:
+                    r.device = view.devices[r.rank]
+                    r.micro_batch = int(limit)
+                plan.notes = ["homogeneous baseline: equal batches, torch DDP at its defaults over gloo"]
+            else:
+                plan = Plan.load(name)
+            texts.append(plan.to_yaml())
+    texts = _broadcast_object(texts, rank)
+    return [Plan.from_yaml(t).validate(view.world_size) for t in texts]
+
+
+def run(args) -> int:
+    from hcomm.parallel.parallelize import make_groups
+    from hcomm.train.loop import train_plan
+    from hcomm.train.report import report
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        groups = make_groups()
+        data, train_tokens, eval_tokens = load_data(args, rank)
+        _log(rank, f"data: {data.source}, {data.tokenizer} vocab {data.vocab_size}, "
+                   f"{train_tokens.numel():,} training tokens")
+        model, config = build(args, data.vocab_size)
+        n_params = sum(p.numel() for p in model.parameters())
+        _log(rank, f"model: {args.model}{' (Hugging Face)' if args.hf else ''}, {n_params / 1e6:.2f}M parameters")
+        view = profile_cluster(args, model, config, data.vocab_size, groups, rank, world)
+        if rank == 0:
+            from hcomm.parallel.profile import format_profiles
+
+            print(format_profiles(view.profiles), flush=True)
+        plans = make_plans(args, view, rank)
+        del model
+        if args.print_plan_only:
+            for plan in plans:
+                _log(rank, f"plan '{plan.name}':\n{plan}")
+            return 0
+        results = []
+        for plan in plans:
+            _log(rank, f"plan '{plan.name}':\n{plan}")
+            model, _ = build(args, data.vocab_size)
+            results.append(train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank, world))
+            del model
+        if rank == 0:
+            report(args, plans, results, view, data, n_params)
+        dist.barrier()
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from hcomm.train.cli import parse
+
+    return run(parse(list(sys.argv[1:] if argv is None else argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
