@@ -89,7 +89,7 @@ def describe_failure(spec: ClusterSpec, record: dict) -> Tuple[int, str]:
     code = record["returncode"]
     memory = spec.ranks[rank].memory_bytes
     if code < 0 and -code == signal.SIGKILL and record.get("oom_kills", 0) > 0:
-        return 128 + 9, (f"rank {rank} exceeded its {fmt_memory(memory)} emulated memory "
+        return 128 + 9, (f"rank {rank} ({spec.ranks[rank].device}) exceeded its {fmt_memory(memory)} emulated memory "
                          f"(killed by the OOM killer; peak {fmt_memory(record.get('max_usage', 0))})")
     if code < 0:
         name = signal.Signals(-code).name

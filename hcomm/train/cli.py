@@ -25,9 +25,11 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--model", default=None, help=f"named config or YAML file (default {MAIN_JOB['model']})")
     p.add_argument("--hf", action="store_true", help="train the Hugging Face LlamaForCausalLM of the same config")
     p.add_argument("--plan", default=None,
-                   help="auto, uniform, a plan YAML, or a comma list to compare (default: auto,uniform)")
+                   help="auto, equal, uniform, a plan YAML, or a comma list to compare, each with optional "
+                        "@key=value pins (see hcomm.train.plans; default: auto,uniform)")
     p.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default {MAIN_JOB['steps']})")
-    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of tokens/s (first-call costs)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="steps left out of tokens/s (first-call costs; default 2, or steps-1 if fewer)")
     p.add_argument("--global-batch", type=int, default=None, help=f"samples per step (default {MAIN_JOB['global_batch']})")
     p.add_argument("--seq-len", type=int, default=None, help=f"tokens per sample (default {MAIN_JOB['seq_len']})")
     p.add_argument("--lr", type=float, default=None, help=f"AdamW learning rate (default {MAIN_JOB['lr']})")
@@ -53,6 +55,8 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
             setattr(args, key, value)
     if compare_default:
         args.plan = "auto,uniform"
+    if args.warmup_steps is None:
+        args.warmup_steps = max(0, min(2, args.steps - 1))
     _check(p, args)
     return args
 
@@ -80,9 +84,13 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             args.dp_shares = [float(x) for x in args.dp_shares.split(",")]
         except ValueError:
             p.error(f"--dp-shares must be comma-separated numbers, got {args.dp_shares!r}")
-    for name in args.plan.split(","):
-        if name not in ("auto", "uniform") and not os.path.isfile(name):
-            p.error(f"--plan {name}: not auto, uniform or a readable plan file")
+    from hcomm.train.plans import parse_entry
+
+    for entry in args.plan.split(","):
+        try:
+            parse_entry(entry)
+        except ValueError as e:
+            p.error(str(e))
     try:
         from hcomm.models import get_config
 
@@ -105,9 +113,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(argv or [])
     args = parse(argv)
     if "RANK" in os.environ:  # torchrun / hcomm emulate run: we are one rank
-        from hcomm.train.worker import run
+        from hcomm.train.worker import main as rank_main
 
-        return run(args)
+        return rank_main(argv)
     from hcomm.emulate import DEFAULT_PRESET, load_spec, run as run_emulated
     from hcomm.emulate.preflight import message, missing
 

@@ -33,11 +33,12 @@ def _rank_split(result, warmup: int) -> List[dict]:
 
 
 def side_by_side(args, plans, results, view) -> str:
-    lines = ["", f"{'plan':<10}{'tokens/s':>10}{'step ms':>9}{'predicted':>11}{'loss@end':>10}{'eval loss':>11}"
+    w = max(10, *(len(p.name) + 2 for p in plans))
+    lines = ["", f"{'plan':<{w}}{'tokens/s':>10}{'step ms':>9}{'predicted':>11}{'loss@end':>10}{'eval loss':>11}"
                  f"   samples per rank"]
     for plan, res in zip(plans, results):
         pred = f"{res.predicted_step_s * 1e3:.0f}" if not math.isnan(res.predicted_step_s) else "-"
-        lines.append(f"{plan.name:<10}{res.tokens_per_s:>10,.0f}{res.measured_step_s * 1e3:>9.0f}{pred:>11}"
+        lines.append(f"{plan.name:<{w}}{res.tokens_per_s:>10,.0f}{res.measured_step_s * 1e3:>9.0f}{pred:>11}"
                      f"{_tail_loss(res):>10.4f}{res.eval_loss:>11.4f}   {plan.batch_counts()}")
     lines.append("")
     lines.append("per rank, mean ms per step after warm-up: compute / comm not hidden / idle (waiting for peers)")
@@ -45,7 +46,7 @@ def side_by_side(args, plans, results, view) -> str:
         split = _rank_split(res, args.warmup_steps)
         cells = [f"r{r} {view.devices[r]}: {s['compute_s'] * 1e3:.0f}/{s['comm_s'] * 1e3:.0f}/{s['idle_s'] * 1e3:.0f}"
                  for r, s in enumerate(split)]
-        lines.append(f"  {plan.name:<9} " + "   ".join(cells))
+        lines.append(f"  {plan.name:<{w}}" + "   ".join(cells))
     if any(p.backend == "ddp-gloo" for p in plans):
         lines.append("  (DDP reduces inside backward: its compute includes the communication it does not hide)")
     if len(results) >= 2:

@@ -42,11 +42,20 @@ def load_data(args, rank: int):
     """Tokens split into training and held-out parts (rank 0 fills the cache first)."""
     from hcomm.train.data import load_tokens
 
-    if rank == 0:
-        data = load_tokens(args.data, tokenizer=args.tokenizer, vocab_size=args.vocab, max_bytes=args.data_bytes)
-    dist.barrier()
+    def load():
+        return load_tokens(args.data, tokenizer=args.tokenizer, vocab_size=args.vocab, max_bytes=args.data_bytes)
+
+    failure = None
+    if rank == 0:  # the others wait and read rank 0's cache instead of all training the tokenizer at once
+        try:
+            data = load()
+        except ValueError as e:
+            failure = str(e)
+    failure = _broadcast_object(failure, rank)
+    if failure is not None:
+        raise ValueError(failure)
     if rank != 0:
-        data = load_tokens(args.data, tokenizer=args.tokenizer, vocab_size=args.vocab, max_bytes=args.data_bytes)
+        data = load()
     held_out = (args.eval_batches * args.global_batch + 1) * args.seq_len + 1
     if data.tokens.numel() < 4 * held_out:
         raise ValueError(f"the corpus has {data.tokens.numel()} tokens; {args.eval_batches} held-out batches of "
@@ -100,31 +109,20 @@ def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, wor
     return discover(groups.default, groups.hcomm, groups.island, profiles, opt_s)
 
 
-def make_plans(args, view, rank: int) -> List:
+def plans_for(args, view, rank: int) -> List:
     """The plans to run, made on rank 0 and sent to all (every rank then validates its copy)."""
     from hcomm.parallel.plan import Plan
-    from hcomm.parallel.planner.data import micro_batch_limits, plan_data_parallel
+    from hcomm.train.plans import make_plans
 
-    texts = []
+    payload = None
     if rank == 0:
-        for name in args.plan.split(","):
-            if name == "auto":
-                plan, _ = plan_data_parallel(
-                    view, args.global_batch, args.seq_len, shares=args.dp_shares,
-                    bucket_bytes=int(args.bucket_mb * 2**20) if args.bucket_mb else None,
-                    sync_every=args.sync_every, compression=args.compress)
-            elif name == "uniform":
-                plan = Plan.uniform(view.world_size, args.global_batch, args.seq_len)
-                plan.backend = "ddp-gloo"
-                limit = min(micro_batch_limits(view))
-                for r in plan.ranks:
-                    r.device = view.devices[r.rank]
-                    r.micro_batch = int(limit)
-                plan.notes = ["homogeneous baseline: equal batches, torch DDP at its defaults over gloo"]
-            else:
-                plan = Plan.load(name)
-            texts.append(plan.to_yaml())
-    texts = _broadcast_object(texts, rank)
+        try:
+            payload = ("ok", [p.to_yaml() for p in make_plans(args, view)])
+        except ValueError as e:  # no plan can run: every rank must learn it, not wait for a timeout
+            payload = ("error", str(e))
+    status, texts = _broadcast_object(payload, rank)
+    if status == "error":
+        raise ValueError(texts)
     return [Plan.from_yaml(t).validate(view.world_size) for t in texts]
 
 
@@ -148,7 +146,7 @@ def run(args) -> int:
             from hcomm.parallel.profile import format_profiles
 
             print(format_profiles(view.profiles), flush=True)
-        plans = make_plans(args, view, rank)
+        plans = plans_for(args, view, rank)
         del model
         if args.print_plan_only:
             for plan in plans:
@@ -171,7 +169,12 @@ def run(args) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     from hcomm.train.cli import parse
 
-    return run(parse(list(sys.argv[1:] if argv is None else argv)))
+    args = parse(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return run(args)
+    except ValueError as e:  # bad input: one line per rank, no traceback
+        print(f"hcomm train: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ _ALLOC = ("import os\nif os.environ['RANK'] == '1':\n"
 def test_memory_limit_kill_is_reported(emulator):
     out = hcomm_cli("run", "--cluster", SMALL, "--", sys.executable, "-c", _ALLOC)
     assert out.returncode == 137, out.stdout + out.stderr
-    assert "rank 1 exceeded its 400 MiB emulated memory" in out.stderr
+    assert "rank 1 (V100) exceeded its 400 MiB emulated memory" in out.stderr
     assert "[p0 r0] done" in out.stdout
 
 

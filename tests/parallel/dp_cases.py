@@ -28,9 +28,11 @@ def batches(global_batch: int):
     return GlobalBatches(tokens, SEQ, global_batch, seed=SEED)
 
 
-def build():
-    from hcomm.models import LlamaConfig, build_model
+def build(kind: str = "llama"):
+    from hcomm.models import LlamaConfig, build_hf_llama, build_model
 
+    if kind == "hf":  # Hugging Face LlamaForCausalLM from the same config (no download)
+        return build_hf_llama(LlamaConfig(vocab_size=VOCAB, **MODEL), seed=1)
     return build_model(LlamaConfig(vocab_size=VOCAB, **MODEL), seed=1)
 
 
@@ -40,9 +42,9 @@ def make_optimizer(params, kind: str):
     return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1)
 
 
-def reference(global_batch: int, steps: int, optimizer: str = "sgd"):
+def reference(global_batch: int, steps: int, optimizer: str = "sgd", kind: str = "llama"):
     """Single process: mean loss over the whole global batch, one optimizer."""
-    model = build()
+    model = build(kind)
     opt = make_optimizer(model.parameters(), optimizer)
     data = batches(global_batch)
     losses = []
@@ -69,7 +71,7 @@ def _init(ctx, islands: Optional[List[str]]):
     return make_groups()
 
 
-def case_train(ctx, plan_yaml: str, steps: int, optimizer: str = "sgd", islands=None):
+def case_train(ctx, plan_yaml: str, steps: int, optimizer: str = "sgd", islands=None, kind: str = "llama"):
     """Train ``steps`` steps under the plan; (carried global losses, parameters) on every rank."""
     from hcomm.parallel.parallelize import parallelize
     from hcomm.parallel.plan import Plan
@@ -77,7 +79,7 @@ def case_train(ctx, plan_yaml: str, steps: int, optimizer: str = "sgd", islands=
     groups = _init(ctx, islands)
     try:
         plan = Plan.from_yaml(plan_yaml)
-        model = build()
+        model = build(kind)
         pm = parallelize(model, plan, groups)
         opt = make_optimizer(model.parameters(), optimizer)
         data = batches(plan.global_batch)

@@ -85,6 +85,13 @@ def test_bucketed_equals_unbucketed_and_micro_batches(pool3):
             np.testing.assert_allclose(x, y, atol=PARAM_ATOL, rtol=0)
 
 
+def test_hugging_face_model_under_uneven_data_parallelism(pool3):
+    pytest.importorskip("transformers")
+    ref_losses, ref_params = dp_cases.reference(10, STEPS, kind="hf")
+    results = pool3.run(dp_cases.case_train, _plan([0.5, 0.3, 0.2], 10).to_yaml(), STEPS, "sgd", None, "hf")
+    _check(results, ref_losses, ref_params)
+
+
 def test_adamw_losses_match(pool3):
     ref_losses, ref_params = dp_cases.reference(10, STEPS, "adamw")
     results = pool3.run(dp_cases.case_train, _plan([0.5, 0.3, 0.2], 10).to_yaml(), STEPS, "adamw")

@@ -1,0 +1,77 @@
+"""The plans ``--plan`` asks for: ``auto``, ``uniform``, ``equal``, a YAML file, with pins.
+
+``--plan`` takes a comma list, each entry ``BASE[@key=value]...``:
+
+- ``auto``: the planner's choice; the command line's ``--dp-shares``,
+  ``--bucket-mb``, ``--sync-every`` and ``--compress`` pin those parts;
+- ``equal``: hcomm's data parallelism with equal batches (auto's other choices);
+- ``uniform``: the homogeneous baseline, torch DDP at its defaults over gloo;
+- a path: a plan written by hand or by ``hcomm plan``.
+
+Pins after ``@`` override the command line for that entry only, so one run
+can compare variants on the same cluster and data, e.g.
+``--plan auto,auto@bucket_mb=1,auto@sync_every=8,auto@compress=bf16,uniform``.
+Keys: ``bucket_mb``, ``sync_every``, ``compress``, ``shares`` (``equal`` or
+numbers separated by ``:``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Tuple
+
+KEYS = ("bucket_mb", "sync_every", "compress", "shares")
+
+
+def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
+    """``"auto@bucket_mb=4@compress=bf16"`` -> ``("auto", {"bucket_mb": "4", "compress": "bf16"})``."""
+    base, *pins = entry.split("@")
+    if base not in ("auto", "equal", "uniform") and not os.path.isfile(base):
+        raise ValueError(f"--plan {entry}: {base!r} is not auto, equal, uniform or a readable plan file")
+    out: Dict[str, str] = {}
+    for pin in pins:
+        key, sep, value = pin.partition("=")
+        if not sep or key not in KEYS:
+            raise ValueError(f"--plan {entry}: {pin!r} is not KEY=VALUE with KEY one of {', '.join(KEYS)}")
+        out[key] = value
+    if out and base not in ("auto", "equal"):
+        raise ValueError(f"--plan {entry}: pins apply to auto and equal only")
+    return base, out
+
+
+def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
+    shares = args.dp_shares
+    if "shares" in pins:
+        shares = None if pins["shares"] == "auto" else (
+            [1.0] * world if pins["shares"] == "equal" else [float(x) for x in pins["shares"].split(":")])
+    if base == "equal":
+        shares = [1.0] * world
+    bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
+    return dict(shares=shares, bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
+                sync_every=int(pins.get("sync_every", args.sync_every)),
+                compression=pins.get("compress", args.compress))
+
+
+def make_plans(args, view) -> List:
+    """Every plan ``args.plan`` names, on ``view`` (rank 0 calls this; the YAML goes to all)."""
+    from hcomm.parallel.plan import Plan
+    from hcomm.parallel.planner.data import micro_batch_limits, plan_data_parallel
+
+    plans = []
+    for entry in args.plan.split(","):
+        base, pins = parse_entry(entry)
+        if base in ("auto", "equal"):
+            plan, _ = plan_data_parallel(view, args.global_batch, args.seq_len, name=entry,
+                                         **_pinned(args, pins, view.world_size, base))
+        elif base == "uniform":
+            plan = Plan.uniform(view.world_size, args.global_batch, args.seq_len)
+            plan.backend = "ddp-gloo"
+            limit = int(min(micro_batch_limits(view)))
+            for r in plan.ranks:
+                r.device = view.devices[r.rank]
+                r.micro_batch = limit
+            plan.notes = ["homogeneous baseline: equal batches, torch DDP at its defaults over gloo"]
+        else:
+            plan = Plan.load(base)
+            plan.name = plan.name or os.path.basename(base)
+        plans.append(plan)
+    return plans
