@@ -27,6 +27,15 @@ class ClusterView:
     optimizer_s: List[float]                 # measured optimizer step per rank
     baseline_allreduce_s: Optional[AllReduceTime] = None  # the torch baseline's (gloo ring) for comparison
     island_names: List[str] = field(default_factory=list)
+    compressed_allreduce_s: Dict[str, AllReduceTime] = field(default_factory=dict)  # by weak-tier wire format
+
+    def allreduce(self, compression: str = "none") -> AllReduceTime:
+        """All-reduce time over every rank with ``compression`` on the weak tier."""
+        if compression in ("", "none"):
+            return self.allreduce_s
+        if compression not in self.compressed_allreduce_s:
+            raise KeyError(f"no all-reduce prediction sampled for compression {compression!r}")
+        return self.compressed_allreduce_s[compression]
 
     @property
     def world_size(self) -> int:
@@ -70,7 +79,19 @@ def interpolated(samples: Sequence[float]) -> AllReduceTime:
     return predict
 
 
-def discover(default_group, hcomm_group, island_group, profiles: List, optimizer_s: List[float]) -> ClusterView:
+def sample_compressed(group, compression: str) -> List[float]:
+    """Predictions with ``compression`` on the group's weak tier (the cost model counts wire bytes)."""
+    import hcomm
+
+    hcomm.set_compression(compression, group=group)
+    try:
+        return sample_allreduce(group)
+    finally:
+        hcomm.set_compression("none", group=group)
+
+
+def discover(default_group, hcomm_group, island_group, profiles: List, optimizer_s: List[float],
+             compressions: Sequence[str] = ()) -> ClusterView:
     """The view of a live job; every rank calls it and gets the same view.
 
     A rank can only ask the comm layer about groups it belongs to, so each
@@ -91,4 +112,6 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
         profiles=list(profiles), allreduce_s=interpolated(sample_allreduce(hcomm_group)),
         island_allreduce_s=island_predictors, optimizer_s=list(optimizer_s),
         baseline_allreduce_s=interpolated(sample_allreduce(hcomm_group, "ring")),
-        island_names=[topo.ranks[m[0]].island for m in topo.islands])
+        island_names=[topo.ranks[m[0]].island for m in topo.islands],
+        compressed_allreduce_s={c: interpolated(sample_compressed(hcomm_group, c))
+                                for c in sorted(set(compressions) - {"", "none"})})

@@ -38,6 +38,15 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
     return base, out
 
 
+def compressions_asked(args) -> List[str]:
+    """Every weak-tier wire format the plans will use (the cost model is sampled for each)."""
+    found = {args.compress}
+    for entry in args.plan.split(","):
+        _, pins = parse_entry(entry)
+        found.add(pins.get("compress", args.compress))
+    return sorted(found)
+
+
 def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
     shares = args.dp_shares
     if "shares" in pins:
@@ -73,5 +82,21 @@ def make_plans(args, view) -> List:
         else:
             plan = Plan.load(base)
             plan.name = plan.name or os.path.basename(base)
+        check_memory(plan, view)
         plans.append(plan)
     return plans
+
+
+def check_memory(plan, view) -> None:
+    """A plan whose samples in flight do not fit a rank's budget is refused before it runs."""
+    counts = plan.batch_counts()
+    for rank, (r, p) in enumerate(zip(plan.ranks, view.profiles)):
+        in_flight = min(r.micro_batch or counts[rank], counts[rank])
+        extra = 2 * p.param_bytes if plan.dp_group().sync_every > 1 else 0
+        need = p.memory_needed(in_flight) + extra
+        if need > p.memory_budget_bytes:
+            raise ValueError(
+                f"plan {plan.name!r}: rank {rank} ({view.devices[rank]}) would need {need / 2**30:.2f} GiB "
+                f"(state {(p.state_bytes() + extra) / 2**30:.2f} GiB + activations of {in_flight} samples at once) "
+                f"but its memory budget is {p.memory_budget_bytes / 2**30:.2f} GiB; "
+                f"lower its micro_batch or share")

@@ -92,6 +92,31 @@ def optimizer_seconds(model, lr: float, reps: int = 3) -> float:
     return sorted(times[1:])[reps // 2]
 
 
+def check_state_fits(n_params: int, groups, rank: int, world: int) -> None:
+    """Refuse before profiling (which itself needs memory) if some rank cannot hold the model's state.
+
+    Plain data parallelism keeps parameters, gradients and AdamW's two fp32
+    states on every rank: 16 bytes per fp32 parameter, counted from the config
+    before any model is built.  Every rank checks its own budget and every
+    rank learns who failed.
+    """
+    from hcomm.parallel.devices import local_device_name
+    from hcomm.parallel.profile import memory_budget
+
+    state = 16 * n_params
+    budget, _, source = memory_budget(_BASELINE_BYTES)
+    mine = None if state <= budget else (rank, local_device_name(), budget, source)
+    everyone: List = [None] * world
+    dist.all_gather_object(everyone, mine, group=groups.default)
+    failed = [f for f in everyone if f is not None]
+    if failed:
+        r, device, budget, source = failed[0]
+        raise ValueError(f"the model does not fit rank {r} ({device}): parameters, gradients and AdamW state need "
+                         f"{state / 2**30:.2f} GiB; its memory budget is {budget / 2**30:.2f} GiB ({source}, after "
+                         f"the process's own baseline)" + (f"; also ranks {[f[0] for f in failed[1:]]}"
+                                                            if len(failed) > 1 else ""))
+
+
 def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, world: int):
     from hcomm.parallel.cluster import discover
     from hcomm.parallel.profile_store import gather_profiles, model_signature, resolve_profile
@@ -106,7 +131,9 @@ def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, wor
     profiles = gather_profiles(local, store, rank, world, timeout_s=max(120.0, 6 * args.profile_budget))
     opt_s = [None] * world
     dist.all_gather_object(opt_s, optimizer_seconds(model, args.lr))
-    return discover(groups.default, groups.hcomm, groups.island, profiles, opt_s)
+    from hcomm.train.plans import compressions_asked
+
+    return discover(groups.default, groups.hcomm, groups.island, profiles, opt_s, compressions_asked(args))
 
 
 def plans_for(args, view, rank: int) -> List:
@@ -138,6 +165,9 @@ def run(args) -> int:
         data, train_tokens, eval_tokens = load_data(args, rank)
         _log(rank, f"data: {data.source}, {data.tokenizer} vocab {data.vocab_size}, "
                    f"{train_tokens.numel():,} training tokens")
+        from hcomm.models import get_config, param_count
+
+        check_state_fits(param_count(get_config(args.model), vocab_size=data.vocab_size), groups, rank, world)
         model, config = build(args, data.vocab_size)
         n_params = sum(p.numel() for p in model.parameters())
         _log(rank, f"model: {args.model}{' (Hugging Face)' if args.hf else ''}, {n_params / 1e6:.2f}M parameters")

@@ -98,9 +98,9 @@ def _share_candidates(view: ClusterView, global_batch: int, pinned: Optional[Seq
     yield "equal shares", apportion([1.0] * world, global_batch)
 
 
-def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, outer_lr_unused=None):
+def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, compression: str = "none"):
     if sync_every <= 1:
-        return cost.dp_step(view.profiles, counts, bucket_bytes, view.allreduce_s, micro_batches=micro,
+        return cost.dp_step(view.profiles, counts, bucket_bytes, view.allreduce(compression), micro_batches=micro,
                             optimizer_s=max(view.optimizer_s))
     # Islands step on their own between outer syncs: the slowest island sets the pace, and the
     # outer all-reduce of the parameters crosses the weak tier once every H steps.
@@ -111,7 +111,7 @@ def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, o
                                        micro_batches=[micro[r] for r in members],
                                        optimizer_s=max(view.optimizer_s[r] for r in members)))
     worst = max(per_island, key=lambda e: e.step_s)
-    outer = view.allreduce_s(view.profiles[0].param_bytes)
+    outer = view.allreduce(compression)(view.profiles[0].param_bytes)
     worst.outer_s = outer / sync_every
     worst.step_s += worst.outer_s
     worst.compute_s = [0.0] * view.world_size
@@ -133,7 +133,7 @@ def plan_data_parallel(view: ClusterView, global_batch: int, seq_len: int, *,
     candidates: List[Candidate] = []
     for label, counts in _share_candidates(view, global_batch, shares):
         for b in buckets:
-            est = _estimate(view, counts, b, limits, sync_every)
+            est = _estimate(view, counts, b, limits, sync_every, compression)
             candidates.append(Candidate(label, counts, b, est))
     candidates.sort(key=lambda c: c.step_s)
     best = candidates[0]
@@ -174,7 +174,7 @@ def _notes(view, best: Candidate, candidates: List[Candidate], limits, sync_ever
                  f".. {worst_bucket.step_s * 1e3:.0f} ms at {worst_bucket.bucket_bytes / 2**20:g} MiB")
     notes.append("micro-batch limits from memory: " + ", ".join(f"rank {r}: {m}" for r, m in enumerate(limits)))
     if sync_every == 1 and len(view.islands) > 1:
-        outer = _estimate(view, best.counts, best.bucket_bytes, limits, 8)
+        outer = _estimate(view, best.counts, best.bucket_bytes, limits, 8, compression)
         notes.append(f"not taken (changes the numerics): cross-island sync every 8 steps would predict "
                      f"{outer.step_s * 1e3:.0f} ms ({best.step_s / outer.step_s:.2f}x); ask with --sync-every")
     return notes

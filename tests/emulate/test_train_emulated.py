@@ -1,0 +1,52 @@
+"""``hcomm train`` on the emulated default cluster (needs root; skipped otherwise).
+
+The tiny model, a few steps: the auto plan must give the half-speed V100
+ranks fewer samples than the A100 ranks (measured, not told), train, and
+agree with the uniform baseline's losses; a rank whose memory cannot hold
+the model must stop every rank before training with the rank and kind named.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.emulate.helpers import REPO
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ["--model", "tiny", "--seq-len", "32", "--vocab", "512", "--data-bytes", "600000",
+        "--profile-budget", "3", "--eval-batches", "2"]
+
+
+def _train(tmp_path, *args, timeout=400):
+    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp_path / "data"),
+               HCOMM_PROFILE_CACHE=str(tmp_path / "profiles"))
+    return subprocess.run([sys.executable, "-m", "hcomm", "train", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_auto_plan_follows_measured_speed_on_mixed(emulator, tmp_path):
+    out_json = tmp_path / "run.json"
+    out = _train(tmp_path, "--cluster", "mixed", *TINY, "--global-batch", "24", "--steps", "3",
+                 "--plan", "auto,uniform", "--json", str(out_json))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    doc = json.loads(out_json.read_text())
+    auto, uniform = doc["runs"]
+    shares = [r["batch_share"] for r in auto["plan"]["ranks"]]
+    assert doc["cluster"]["devices"] == ["A100", "A100", "V100", "V100"]
+    assert shares[0] + shares[1] > shares[2] + shares[3], shares
+    for a, u in zip(auto["steps"], uniform["steps"]):
+        assert a["loss"] == pytest.approx(u["loss"], rel=1e-4)
+
+
+def test_a_model_that_does_not_fit_stops_every_rank_first(emulator, tmp_path):
+    model = tmp_path / "twelve-layers.yaml"
+    model.write_text("base: small\nn_layers: 12\n")  # 21.6M parameters at vocab 512: 0.35 GB of state
+    out = _train(tmp_path, "--cluster", os.path.join(HERE, "tiny-memory.yaml"), "--model", str(model),
+                 "--seq-len", "32", "--vocab", "512", "--data-bytes", "600000", "--profile-budget", "2",
+                 "--global-batch", "4", "--steps", "2", "--plan", "auto")
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    for rank in (0, 1):
+        assert f"r{rank}] hcomm train: error: the model does not fit rank 1 (V100): parameters, gradients" in text
