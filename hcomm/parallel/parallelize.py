@@ -137,6 +137,10 @@ class ParallelModel:
                 loss.backward()
         return total
 
+    def finish(self) -> float:
+        """After the last step: the outer sync brings every rank to the same parameters; seconds."""
+        return self.outer.finish(self.steps) if self.outer is not None else 0.0
+
     def close(self) -> None:
         if self.sync is not None:
             self.sync.remove()
@@ -167,7 +171,8 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
         weight = counts[rank] / island_samples if island_samples else 0.0
         pm.sync = GradSync(model, groups.island, weight=weight, bucket_bytes=dp.bucket_bytes)
         pm.outer = OuterSync(model, groups.hcomm, every=dp.sync_every, island_weight=island_samples / global_batch,
-                             island_size=len(members), lr=dp.outer_lr, momentum=dp.outer_momentum)
+                             island_size=len(members), lr=dp.outer_lr, momentum=dp.outer_momentum,
+                             overlap=dp.outer_overlap)
         hcomm.set_compression(dp.compression, group=groups.hcomm)
     else:
         pm.sync = GradSync(model, groups.hcomm, weight=counts[rank] / global_batch, bucket_bytes=dp.bucket_bytes)

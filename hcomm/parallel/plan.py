@@ -61,6 +61,7 @@ class GroupPlan:
     sync_every: int = 1  # cross-island sync period H; 1 = fully synchronous
     outer_lr: float = 0.7  # DiLoCo outer Nesterov step
     outer_momentum: float = 0.9
+    outer_overlap: bool = False  # the outer all-reduce runs behind the next H inner steps (applied one period late)
     micro_batches: int = 1
     schedule: str = "1f1b"
 
@@ -272,7 +273,8 @@ def _group_table(groups: List[GroupPlan]) -> List[str]:
                ("compression", [g.compression for g in groups]),
                ("sync every", [str(g.sync_every) for g in groups])]
     if any(g.sync_every > 1 for g in groups):  # the outer optimizer only runs when syncs are spaced out
-        columns.append(("outer lr/mom", [f"{g.outer_lr:g}/{g.outer_momentum:g}" for g in groups]))
+        columns.append(("outer lr/mom", [f"{g.outer_lr:g}/{g.outer_momentum:g}" + (" overlapped" if g.outer_overlap else "")
+                                         for g in groups]))
     if any((g.micro_batches, g.schedule) != (1, "1f1b") for g in groups):
         columns.append(("micro x schedule", [f"{g.micro_batches} x {g.schedule}" for g in groups]))
     return _table(columns)

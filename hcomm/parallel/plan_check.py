@@ -76,6 +76,9 @@ def convert(value: Any, hint: Any, where: str) -> Any:
     elif hint is str:
         if isinstance(value, str):
             return value
+    elif hint is bool:
+        if isinstance(value, bool):
+            return value
     else:
         raise TypeError(f"plan field type {hint!r} has no converter")  # a new field needs one
     raise PlanError(f"{where}: expected {hint.__name__}, got {value!r}")

@@ -41,6 +41,8 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--dp-shares", default=None, help="pin the batch shares, e.g. 0.4,0.4,0.1,0.1")
     p.add_argument("--bucket-mb", type=float, default=None, help="pin the gradient bucket size (MiB)")
     p.add_argument("--sync-every", type=int, default=1, help="cross-island sync period H (DiLoCo outer steps)")
+    p.add_argument("--outer-overlap", action="store_true",
+                   help="with --sync-every: run the cross-island all-reduce behind the next inner steps")
     p.add_argument("--compress", default="none", help="inter-island wire format: none, bf16, fp16, fp8e4m3[:ef], ...")
     p.add_argument("--profile-budget", type=float, default=10.0, help="seconds each rank may spend profiling")
     p.add_argument("--eval-batches", type=int, default=4, help="held-out batches for the final eval loss")

@@ -85,6 +85,8 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
         t = pm.train_step(lambda offset, count: batches.rows(step, offset, count), optimizer)
         mine.append(dict(asdict(t), end=time.perf_counter() - loop_start))
         _show(bar, rank, step, args.steps, t, tokens_per_step)
+    if mine:
+        mine[-1]["outer_s"] += pm.finish()  # islands that sync every H steps agree before the eval
     dist.barrier(group=groups.default)
     timed = time.perf_counter() - timed_from
     wall = time.perf_counter() - loop_start

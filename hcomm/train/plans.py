@@ -12,14 +12,15 @@ Pins after ``@`` override the command line for that entry only, so one run
 can compare variants on the same cluster and data, e.g.
 ``--plan auto,auto@bucket_mb=1,auto@sync_every=8,auto@compress=bf16,uniform``.
 Keys: ``bucket_mb``, ``sync_every``, ``compress``, ``shares`` (``equal`` or
-numbers separated by ``:``).
+numbers separated by ``:``), ``overlap`` (1: the outer all-reduce runs behind
+the next inner steps).
 """
 from __future__ import annotations
 
 import os
 from typing import Dict, List, Tuple
 
-KEYS = ("bucket_mb", "sync_every", "compress", "shares")
+KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap")
 
 
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
@@ -57,7 +58,8 @@ def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
     bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
     return dict(shares=shares, bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
                 sync_every=int(pins.get("sync_every", args.sync_every)),
-                compression=pins.get("compress", args.compress))
+                compression=pins.get("compress", args.compress),
+                outer_overlap=pins.get("overlap", "1" if args.outer_overlap else "0") in ("1", "true", "yes"))
 
 
 def make_plans(args, view) -> List:

@@ -94,7 +94,7 @@ def case_train(ctx, plan_yaml: str, steps: int, optimizer: str = "sgd", islands=
         dist.destroy_process_group()
 
 
-def case_outer(ctx, plan_yaml: str, steps: int, every: int, lr: float, momentum: float, islands):
+def case_outer(ctx, plan_yaml: str, steps: int, every: int, lr: float, momentum: float, islands, overlap=False):
     """GradSync inside each island + OuterSync across islands, set up by hand so H may be 1."""
     from hcomm.parallel.data import GradSync
     from hcomm.parallel.outer import OuterSync
@@ -109,7 +109,7 @@ def case_outer(ctx, plan_yaml: str, steps: int, every: int, lr: float, momentum:
         model = build()
         sync = GradSync(model, groups.island, weight=counts[ctx.rank] / island_samples, bucket_bytes=1 << 20)
         outer = OuterSync(model, groups.hcomm, every=every, island_weight=island_samples / plan.global_batch,
-                          island_size=len(members), lr=lr, momentum=momentum)
+                          island_size=len(members), lr=lr, momentum=momentum, overlap=overlap)
         opt = make_optimizer(model.parameters(), "sgd")
         data = batches(plan.global_batch)
         island_losses, snapshots = [], []
@@ -125,6 +125,7 @@ def case_outer(ctx, plan_yaml: str, steps: int, every: int, lr: float, momentum:
             if outer.due(step):
                 outer.step()
             snapshots.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        outer.finish(steps)
         return island_losses, [p.detach().clone() for p in model.parameters()], snapshots
     finally:
         dist.destroy_process_group()

@@ -98,7 +98,8 @@ def _share_candidates(view: ClusterView, global_batch: int, pinned: Optional[Seq
     yield "equal shares", apportion([1.0] * world, global_batch)
 
 
-def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, compression: str = "none"):
+def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, compression: str = "none",
+              outer_overlap: bool = False):
     if sync_every <= 1:
         return cost.dp_step(view.profiles, counts, bucket_bytes, view.allreduce(compression), micro_batches=micro,
                             optimizer_s=max(view.optimizer_s))
@@ -112,6 +113,8 @@ def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, c
                                        optimizer_s=max(view.optimizer_s[r] for r in members)))
     worst = max(per_island, key=lambda e: e.step_s)
     outer = view.allreduce(compression)(view.profiles[0].param_bytes)
+    if outer_overlap:  # hidden behind the next H inner steps, except what exceeds them
+        outer = max(0.0, outer - sync_every * worst.step_s)
     worst.outer_s = outer / sync_every
     worst.step_s += worst.outer_s
     worst.compute_s = [0.0] * view.world_size
@@ -123,7 +126,8 @@ def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, c
 
 def plan_data_parallel(view: ClusterView, global_batch: int, seq_len: int, *,
                        shares: Optional[Sequence[float]] = None, bucket_bytes: Optional[int] = None,
-                       sync_every: int = 1, compression: str = "none", name: str = "auto") -> tuple:
+                       sync_every: int = 1, compression: str = "none", outer_overlap: bool = False,
+                       name: str = "auto") -> tuple:
     """(plan, candidates sorted by predicted step time) for data parallelism on ``view``."""
     if global_batch < 1:
         raise PlanningError(f"global_batch must be >= 1, got {global_batch}")
@@ -133,11 +137,12 @@ def plan_data_parallel(view: ClusterView, global_batch: int, seq_len: int, *,
     candidates: List[Candidate] = []
     for label, counts in _share_candidates(view, global_batch, shares):
         for b in buckets:
-            est = _estimate(view, counts, b, limits, sync_every, compression)
+            est = _estimate(view, counts, b, limits, sync_every, compression, outer_overlap)
             candidates.append(Candidate(label, counts, b, est))
     candidates.sort(key=lambda c: c.step_s)
     best = candidates[0]
     plan = _to_plan(view, best, limits, global_batch, seq_len, sync_every, compression, name)
+    plan.dp_group().outer_overlap = outer_overlap
     plan.notes = _notes(view, best, candidates, limits, sync_every, compression)
     return plan, candidates
 
