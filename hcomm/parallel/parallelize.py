@@ -137,6 +137,15 @@ class ParallelModel:
                 loss.backward()
         return total
 
+    def resplit(self, counts: List[int]) -> None:
+        """New sample counts for every rank (same global batch); the gradient weights follow exactly."""
+        if self.outer is not None or self.ddp is not None:
+            raise ValueError("re-splitting the batch needs plain hcomm data parallelism (no outer sync, no DDP)")
+        total = sum(counts)
+        self.samples = counts[self.rank]
+        self.offset = sum(counts[: self.rank])
+        self.sync.weight = self.samples / total
+
     def finish(self) -> float:
         """After the last step: the outer sync brings every rank to the same parameters; seconds."""
         return self.outer.finish(self.steps) if self.outer is not None else 0.0

@@ -62,6 +62,7 @@ class GroupPlan:
     outer_lr: float = 0.7  # DiLoCo outer Nesterov step
     outer_momentum: float = 0.9
     outer_overlap: bool = False  # the outer all-reduce runs behind the next H inner steps (applied one period late)
+    rebalance_after: int = 0  # re-split the batch by compute measured in the first N steps (0 = never)
     micro_batches: int = 1
     schedule: str = "1f1b"
 

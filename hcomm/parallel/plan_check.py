@@ -209,6 +209,11 @@ def _check_group(g: Any, where: str, n_ranks: int) -> None:
     check_compression(g.compression, f"{where}.compression")
     if g.sync_every < 1:
         raise PlanError(f"{where}.sync_every: must be >= 1, got {g.sync_every}")
+    if g.rebalance_after < 0:
+        raise PlanError(f"{where}.rebalance_after: must be >= 0 (0 = never), got {g.rebalance_after}")
+    if g.rebalance_after and g.sync_every > 1:
+        raise PlanError(f"{where}.rebalance_after: re-splitting the batch is not supported with sync_every "
+                        f"{g.sync_every} (island weights would change between outer steps)")
     if not (math.isfinite(g.outer_lr) and g.outer_lr > 0):
         raise PlanError(f"{where}.outer_lr: must be > 0, got {g.outer_lr}")
     if not 0 <= g.outer_momentum < 1:

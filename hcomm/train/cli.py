@@ -43,6 +43,8 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--sync-every", type=int, default=1, help="cross-island sync period H (DiLoCo outer steps)")
     p.add_argument("--outer-overlap", action="store_true",
                    help="with --sync-every: run the cross-island all-reduce behind the next inner steps")
+    p.add_argument("--resplit-after", type=int, default=3,
+                   help="auto: re-split the batch by the compute measured in the first N steps (0 = never)")
     p.add_argument("--compress", default="none", help="inter-island wire format: none, bf16, fp16, fp8e4m3[:ef], ...")
     p.add_argument("--profile-budget", type=float, default=10.0, help="seconds each rank may spend profiling")
     p.add_argument("--eval-batches", type=int, default=4, help="held-out batches for the final eval loss")
@@ -73,6 +75,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--seq-len must be >= 1, got {args.seq_len}")
     if not args.lr > 0:
         p.error(f"--lr must be > 0, got {args.lr}")
+    if args.resplit_after < 0:
+        p.error(f"--resplit-after must be >= 0, got {args.resplit_after}")
     if args.sync_every < 1:
         p.error(f"--sync-every must be >= 1, got {args.sync_every}")
     if args.warmup_steps < 0 or args.warmup_steps >= args.steps:

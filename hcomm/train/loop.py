@@ -35,6 +35,8 @@ class PlanResult:
     wall_s: float = 0.0
     eval_loss: float = float("nan")
     predicted_step_s: float = float("nan")
+    counts: List[int] = field(default_factory=list)  # samples per rank at the end (after any re-split)
+    resplit: dict = field(default_factory=dict)      # what re-splitting by measured compute changed
 
 
 def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
@@ -75,6 +77,7 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     pm = parallelize(model, plan, groups)
     tokens_per_step = plan.global_batch * plan.seq_len
     mine: List[dict] = []
+    resplit: dict = {}
     bar = _progress(args.steps, rank)
     dist.barrier(group=groups.default)
     loop_start = time.perf_counter()
@@ -83,8 +86,10 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
         if step == args.warmup_steps:
             timed_from = time.perf_counter()
         t = pm.train_step(lambda offset, count: batches.rows(step, offset, count), optimizer)
-        mine.append(dict(asdict(t), end=time.perf_counter() - loop_start))
+        mine.append(dict(asdict(t), end=time.perf_counter() - loop_start, samples=pm.samples))
         _show(bar, rank, step, args.steps, t, tokens_per_step)
+        if step + 1 == plan.dp_group().rebalance_after and step + 1 < args.steps:
+            resplit = _resplit(pm, mine, plan, groups.default, rank, world)
     if mine:
         mine[-1]["outer_s"] += pm.finish()  # islands that sync every H steps agree before the eval
     dist.barrier(group=groups.default)
@@ -93,11 +98,13 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     if bar is not None:
         bar.close()
     pm.close()
-    result = PlanResult(plan.name, predicted_step_s=plan.predicted_step_s or float("nan"), wall_s=wall)
+    result = PlanResult(plan.name, predicted_step_s=plan.predicted_step_s or float("nan"), wall_s=wall,
+                        resplit=resplit)
     result.tokens_per_s = tokens_per_step * (args.steps - args.warmup_steps) / timed
     losses = _global_losses(mine, plan, groups.default, rank)
     gathered: List = [None] * world
     dist.all_gather_object(gathered, mine, group=groups.default)
+    result.counts = [r[-1]["samples"] for r in gathered]
     if rank == 0:
         result.steps = _records(gathered, losses, tokens_per_step)
         walls = sorted(r["seconds"] for r in result.steps[args.warmup_steps:])
@@ -118,11 +125,37 @@ def _show(bar, rank: int, step: int, total: int, t, tokens_per_step: int) -> Non
         print(f"  step {step + 1:>4}/{total}  {text}", flush=True)
 
 
+def _resplit(pm, mine: List[dict], plan, group, rank: int, world: int) -> dict:
+    """Re-split the batch by the compute each rank really showed in the steps so far.
+
+    The profile times pieces in isolation before training; in training a
+    rank's speed also depends on what shares its device (on the emulator,
+    its own communication threads share its CPU quota).  Step 0 is left out
+    (first-call costs).  Every rank gets rank 0's decision.
+    """
+    from hcomm.parallel.planner.data import rebalanced_counts
+
+    steps = mine[1:] or mine
+    mine_per_sample = sum(r["compute_s"] for r in steps) / max(1, sum(r["samples"] for r in steps))
+    per_sample: List = [None] * world
+    dist.all_gather_object(per_sample, mine_per_sample if pm.samples else 0.0, group=group)
+    old = [None] * world
+    dist.all_gather_object(old, pm.samples, group=group)
+    box = [rebalanced_counts(per_sample, plan.global_batch, old) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=group)
+    new = box[0]
+    if new != old:
+        pm.resplit(new)
+    if rank == 0:
+        print(f"hcomm train: re-split after {len(mine)} steps by measured ms/sample "
+              f"{[round(s * 1e3) for s in per_sample]}: {old} -> {new}", flush=True)
+    return {"after_steps": len(mine), "ms_per_sample": [s * 1e3 for s in per_sample], "from": old, "to": new}
+
+
 def _global_losses(mine: List[dict], plan, group, rank: int) -> List[float]:
     """Exact global-batch loss per step: sum over ranks of (n_r / N) * local mean loss."""
-    counts = plan.batch_counts()
-    weight = counts[rank] / plan.global_batch
-    local = torch.tensor([weight * r["local_loss"] if counts[rank] else 0.0 for r in mine], dtype=torch.float64)
+    local = torch.tensor([r["samples"] / plan.global_batch * r["local_loss"] if r["samples"] else 0.0
+                          for r in mine], dtype=torch.float64)
     dist.all_reduce(local, group=group)
     return local.tolist()
 

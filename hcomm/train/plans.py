@@ -13,14 +13,15 @@ can compare variants on the same cluster and data, e.g.
 ``--plan auto,auto@bucket_mb=1,auto@sync_every=8,auto@compress=bf16,uniform``.
 Keys: ``bucket_mb``, ``sync_every``, ``compress``, ``shares`` (``equal`` or
 numbers separated by ``:``), ``overlap`` (1: the outer all-reduce runs behind
-the next inner steps).
+the next inner steps), ``resplit`` (re-split the batch by the compute measured
+in the first N steps; 0 = never).
 """
 from __future__ import annotations
 
 import os
 from typing import Dict, List, Tuple
 
-KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap")
+KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit")
 
 
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
@@ -59,7 +60,8 @@ def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
     return dict(shares=shares, bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
                 sync_every=int(pins.get("sync_every", args.sync_every)),
                 compression=pins.get("compress", args.compress),
-                outer_overlap=pins.get("overlap", "1" if args.outer_overlap else "0") in ("1", "true", "yes"))
+                outer_overlap=pins.get("overlap", "1" if args.outer_overlap else "0") in ("1", "true", "yes"),
+                rebalance_after=int(pins.get("resplit", args.resplit_after)))
 
 
 def make_plans(args, view) -> List:

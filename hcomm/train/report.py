@@ -39,7 +39,9 @@ def side_by_side(args, plans, results, view) -> str:
     for plan, res in zip(plans, results):
         pred = f"{res.predicted_step_s * 1e3:.0f}" if not math.isnan(res.predicted_step_s) else "-"
         lines.append(f"{plan.name:<{w}}{res.tokens_per_s:>10,.0f}{res.measured_step_s * 1e3:>9.0f}{pred:>11}"
-                     f"{_tail_loss(res):>10.4f}{res.eval_loss:>11.4f}   {plan.batch_counts()}")
+                     f"{_tail_loss(res):>10.4f}{res.eval_loss:>11.4f}   {res.counts or plan.batch_counts()}"
+                     + (f" (planned {res.resplit['from']})" if res.resplit.get("from") not in (None, res.counts)
+                        else ""))
     lines.append("")
     lines.append("per rank, mean ms per step after warm-up: compute / comm not hidden / idle (waiting for peers)")
     for plan, res in zip(plans, results):
@@ -78,7 +80,8 @@ def write_json(path: str, args, plans, results, view, data, n_params: int) -> No
                        "profiles": [p.to_dict() for p in view.profiles], "optimizer_s": view.optimizer_s},
            "runs": [{"plan": plan.to_dict(), "tokens_per_s": res.tokens_per_s,
                      "measured_step_s": res.measured_step_s, "predicted_step_s": res.predicted_step_s,
-                     "eval_loss": res.eval_loss, "wall_s": res.wall_s, "steps": res.steps}
+                     "eval_loss": res.eval_loss, "wall_s": res.wall_s, "counts": res.counts,
+                     "resplit": res.resplit, "steps": res.steps}
                     for plan, res in zip(plans, results)]}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1, default=str)

@@ -117,3 +117,20 @@ def test_interpolated_predictor_is_exact_at_samples_and_monotone():
     assert f(SAMPLE_BYTES[3]) == pytest.approx(samples[3])
     assert f(3 * SAMPLE_BYTES[5]) > f(2 * SAMPLE_BYTES[5])
     assert f(SAMPLE_BYTES[-1] * 4) == pytest.approx(samples[-1] * 4)
+
+
+def test_rebalanced_counts_follow_measured_compute_and_keep_reduce_only_ranks():
+    from hcomm.parallel.planner.data import rebalanced_counts
+
+    # measured 0.1 s/sample on ranks 0-1, 0.3 s on ranks 2-3; rank 3 had no samples and stays out
+    assert rebalanced_counts([0.1, 0.1, 0.3, 0.0], 14, [5, 5, 4, 0]) == [6, 6, 2, 0]
+    assert rebalanced_counts([0.1, 0.2], 9, [6, 3]) == [6, 3]
+
+
+def test_auto_plan_asks_for_a_resplit_only_when_shares_are_free():
+    v = view([1.0, 0.5])
+    assert plan_data_parallel(v, 12, 16, rebalance_after=3)[0].dp_group().rebalance_after == 3
+    assert plan_data_parallel(v, 12, 16, shares=[0.5, 0.5], rebalance_after=3)[0].dp_group().rebalance_after == 0
+    with pytest.raises(ValueError, match="rebalance_after: re-splitting the batch is not supported with sync_every 8"):
+        Plan.from_yaml("global_batch: 8\nseq_len: 4\nshares: [0.5, 0.5]\ngroups:\n"
+                       "  - {name: dp, ranks: [0, 1], sync_every: 8, rebalance_after: 3}\n")

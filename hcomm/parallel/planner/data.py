@@ -77,6 +77,14 @@ def lpt_counts(seconds_per_sample: Sequence[float], total: int, allowed: Sequenc
     return counts
 
 
+def rebalanced_counts(seconds_per_sample: Sequence[float], global_batch: int,
+                      current: Sequence[int]) -> List[int]:
+    """Counts from per-sample seconds measured in training (LPT); ranks that had no samples stay at 0
+    (nothing was measured for them, and the plan chose to leave them out)."""
+    allowed = [n > 0 for n in current]
+    return lpt_counts([s if a else 1.0 for s, a in zip(seconds_per_sample, allowed)], global_batch, allowed)
+
+
 def _seconds_per_sample(view: ClusterView) -> List[float]:
     return [(p.fwd_s + p.bwd_s) / p.micro_batch for p in view.profiles]
 
@@ -127,7 +135,7 @@ def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, c
 def plan_data_parallel(view: ClusterView, global_batch: int, seq_len: int, *,
                        shares: Optional[Sequence[float]] = None, bucket_bytes: Optional[int] = None,
                        sync_every: int = 1, compression: str = "none", outer_overlap: bool = False,
-                       name: str = "auto") -> tuple:
+                       rebalance_after: int = 0, name: str = "auto") -> tuple:
     """(plan, candidates sorted by predicted step time) for data parallelism on ``view``."""
     if global_batch < 1:
         raise PlanningError(f"global_batch must be >= 1, got {global_batch}")
@@ -143,6 +151,7 @@ def plan_data_parallel(view: ClusterView, global_batch: int, seq_len: int, *,
     best = candidates[0]
     plan = _to_plan(view, best, limits, global_batch, seq_len, sync_every, compression, name)
     plan.dp_group().outer_overlap = outer_overlap
+    plan.dp_group().rebalance_after = rebalance_after if shares is None and sync_every == 1 else 0
     plan.notes = _notes(view, best, candidates, limits, sync_every, compression)
     return plan, candidates
 
@@ -151,7 +160,7 @@ def _to_plan(view, best: Candidate, limits, global_batch, seq_len, sync_every, c
     total = sum(best.counts)
     ranks = [RankPlan(rank=r, batch_share=best.counts[r] / total, device=view.devices[r],
                       island=view.island_names[view.island_of(r)] if view.island_names else "",
-                      micro_batch=int(min(limits[r], best.counts[r])) if best.counts[r] else 0)
+                      micro_batch=int(limits[r]))
              for r in range(view.world_size)]
     group = GroupPlan(name="dp", ranks=list(range(view.world_size)), bucket_bytes=int(best.bucket_bytes),
                       compression=compression, sync_every=sync_every)
