@@ -42,10 +42,7 @@ class ClusterView:
         return len(self.devices)
 
     def island_of(self, rank: int) -> int:
-        for i, members in enumerate(self.islands):
-            if rank in members:
-                return i
-        raise KeyError(rank)
+        return next(i for i, members in enumerate(self.islands) if rank in members)
 
 
 # Sizes at which the comm layer's model is sampled: every power of two from
