@@ -13,6 +13,7 @@ raise :class:`hcomm.HCommValueError` (a ``ValueError``) before anything is sent.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import List, Optional, Sequence
 
 import torch
@@ -31,6 +32,9 @@ def _backend(group=None, device: Optional[torch.device] = None):
     """The ProcessGroupHComm behind `group` (raises if the group is not hcomm)."""
     from hcomm import _C
 
+    if device is not None and device.type == "meta":  # torch would say "no backend for meta"
+        raise HCommValueError("hcomm: meta tensors have no data to communicate; "
+                              "materialise them on the CPU or a GPU first (e.g. with to_empty)")
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     backend = pg._get_backend(device or torch.device("cpu"))
     if not isinstance(backend, _C.ProcessGroupHComm):
@@ -80,52 +84,85 @@ def _finish(work, async_op: bool):
     return None
 
 
-def _counts(sizes: Sequence[int], name: str) -> List[int]:
-    counts = [int(s) for s in sizes]
-    if any(c < 0 for c in counts):
-        raise HCommValueError(f"{name} has a negative entry: {counts}")
+def _device(*tensors) -> torch.device:
+    """The device `tensors` run on: the first one's, or meta if any is a meta tensor (which _backend refuses)."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            return t.device
+    return tensors[0].device
+
+
+def _counts(sizes: Sequence[int], name: str, op: str, tensor: torch.Tensor, what: str, backend,
+            rows: bool = False) -> List[int]:
+    """`sizes` as ints, checked against `tensor` (the `what`, "input" or "output") before anything is sent.
+
+    The C++ core makes the same checks, with the same messages, and must:
+    torch's own entry points reach it without this wrapper.  Checking here
+    too covers what the binding cannot take: Python ints do not wrap, and one
+    past int64 would otherwise surface as the binding's TypeError.  With
+    ``rows`` the sizes count rows of dim 0 (all_to_all_v), not elements.
+    """
+    if rows and (sizes is None or len(sizes) == 0):
+        return []  # as torch's all_to_all_single: an even split
+    prefix = f"hcomm: {op} on rank {backend.rank()}: "
+    try:
+        counts = [operator.index(s) for s in sizes]
+    except TypeError:
+        raise HCommValueError(prefix + f"{name} must be a sequence of integers, got {sizes!r}") from None
+    unit = "rows" if rows and tensor.dim() > 1 else "elements"
+    total = tensor.size(0) if unit == "rows" else tensor.numel()
+    if len(counts) != backend.size():
+        raise HCommValueError(prefix + f"{name} has {len(counts)} entries but the group has {backend.size()} ranks")
+    for i, c in enumerate(counts):
+        if c < 0:
+            raise HCommValueError(prefix + f"{name} has a negative entry {c} at index {i}")
+    for i, c in enumerate(counts):
+        if c > total:
+            raise HCommValueError(prefix + f"{name}[{i}] = {c} exceeds the {what}'s {total} {unit}")
+    if sum(counts) != total:
+        raise HCommValueError(prefix + f"{name} sums to {sum(counts)} {unit} but the {what} has {total}")
     return counts
 
 
 @_translated
 def all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce ``tensor`` across the group in place (sum, avg, product, min, max, band, bor, bxor)."""
-    _backend(group, tensor.device)
+    _backend(group, _device(tensor))
     return _finish(dist.all_reduce(tensor, op=op, group=group, async_op=True), async_op)
 
 
 @_translated
 def broadcast(tensor: torch.Tensor, src: int = 0, group=None, async_op: bool = False):
     """Copy ``tensor`` from group rank ``src`` to every rank (``src`` is a rank within ``group``)."""
-    _backend(group, tensor.device)
+    _backend(group, _device(tensor))
     return _finish(dist.broadcast(tensor, group_src=src, group=group, async_op=True), async_op)
 
 
 @_translated
 def reduce(tensor: torch.Tensor, dst: int = 0, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce into ``tensor`` on group rank ``dst``; other ranks' tensors are left unchanged."""
-    _backend(group, tensor.device)
+    _backend(group, _device(tensor))
     return _finish(dist.reduce(tensor, group_dst=dst, op=op, group=group, async_op=True), async_op)
 
 
 @_translated
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
     """Concatenate every rank's ``input`` into ``output`` (world_size x input elements)."""
-    _backend(group, input.device)
+    _backend(group, _device(input, output))
     return _finish(_all_gather_tensor(output, input, group=group, async_op=True), async_op)
 
 
 @_translated
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce ``input`` (world_size x output elements) and keep this rank's block in ``output``."""
-    _backend(group, input.device)
+    _backend(group, _device(input, output))
     return _finish(_reduce_scatter_tensor(output, input, op=op, group=group, async_op=True), async_op)
 
 
 @_translated
 def all_to_all(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
     """Exchange equal blocks of dim 0: block r of ``input`` goes to rank r."""
-    _backend(group, input.device)
+    _backend(group, _device(input, output))
     return _finish(dist.all_to_all_single(output, input, group=group, async_op=True), async_op)
 
 
@@ -136,9 +173,11 @@ def all_to_all_v(output: torch.Tensor, input: torch.Tensor, output_split_sizes: 
 
     ``input_split_sizes[r]`` rows go to rank r; ``output_split_sizes[r]`` rows come from rank r.
     """
-    _backend(group, input.device)
-    work = dist.all_to_all_single(output, input, _counts(output_split_sizes, "output_split_sizes"),
-                                  _counts(input_split_sizes, "input_split_sizes"), group=group, async_op=True)
+    backend = _backend(group, _device(input, output))
+    # Send splits first, as the core checks them.
+    in_splits = _counts(input_split_sizes, "input_split_sizes", "all_to_all_v", input, "input", backend, rows=True)
+    out_splits = _counts(output_split_sizes, "output_split_sizes", "all_to_all_v", output, "output", backend, rows=True)
+    work = dist.all_to_all_single(output, input, out_splits, in_splits, group=group, async_op=True)
     return _finish(work, async_op)
 
 
@@ -151,8 +190,9 @@ def all_gather_v(output: torch.Tensor, input: torch.Tensor, output_split_sizes: 
     This is the primitive non-uniform tensor parallelism and heterogeneous
     ZeRO gather their unequal shards with.
     """
-    backend = _backend(group, input.device)
-    return _finish(backend.all_gather_v(output, input, _counts(output_split_sizes, "output_split_sizes")), async_op)
+    backend = _backend(group, _device(input, output))
+    counts = _counts(output_split_sizes, "output_split_sizes", "all_gather_v", output, "output", backend)
+    return _finish(backend.all_gather_v(output, input, counts), async_op)
 
 
 @_translated
@@ -160,8 +200,9 @@ def reduce_scatter_v(output: torch.Tensor, input: torch.Tensor, input_split_size
                      op=ReduceOp.SUM, group=None, async_op: bool = False):
     """Uneven reduce-scatter of 1-D data: rank r receives the reduction of block r,
     ``input_split_sizes[r]`` elements long, into ``output``."""
-    backend = _backend(group, input.device)
-    work = backend.reduce_scatter_v(output, input, _counts(input_split_sizes, "input_split_sizes"), op)
+    backend = _backend(group, _device(input, output))
+    counts = _counts(input_split_sizes, "input_split_sizes", "reduce_scatter_v", input, "input", backend)
+    work = backend.reduce_scatter_v(output, input, counts, op)
     return _finish(work, async_op)
 
 
@@ -169,7 +210,7 @@ def reduce_scatter_v(output: torch.Tensor, input: torch.Tensor, input_split_size
 def gather(input: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = None, dst: int = 0, group=None,
            async_op: bool = False):
     """Collect every rank's ``input`` into ``gather_list`` on group rank ``dst``."""
-    _backend(group, input.device)
+    _backend(group, _device(input, *(gather_list or [])))
     return _finish(dist.gather(input, gather_list, group_dst=dst, group=group, async_op=True), async_op)
 
 
@@ -177,21 +218,21 @@ def gather(input: torch.Tensor, gather_list: Optional[List[torch.Tensor]] = None
 def scatter(output: torch.Tensor, scatter_list: Optional[List[torch.Tensor]] = None, src: int = 0, group=None,
             async_op: bool = False):
     """Send ``scatter_list[r]`` from group rank ``src`` to rank r's ``output``."""
-    _backend(group, output.device)
+    _backend(group, _device(output, *(scatter_list or [])))
     return _finish(dist.scatter(output, scatter_list, group_src=src, group=group, async_op=True), async_op)
 
 
 @_translated
 def send(tensor: torch.Tensor, dst: int, group=None, tag: int = 0, async_op: bool = False):
     """Send ``tensor`` to group rank ``dst``."""
-    _backend(group, tensor.device)
+    _backend(group, _device(tensor))
     return _finish(dist.isend(tensor, group_dst=dst, group=group, tag=tag), async_op)
 
 
 @_translated
 def recv(tensor: torch.Tensor, src: Optional[int] = None, group=None, tag: int = 0, async_op: bool = False):
     """Receive into ``tensor`` from group rank ``src`` (any rank when None)."""
-    _backend(group, tensor.device)
+    _backend(group, _device(tensor))
     return _finish(dist.irecv(tensor, group_src=src, group=group, tag=tag), async_op)
 
 
@@ -238,7 +279,10 @@ def set_compression(spec, group=None) -> None:
     """
     from hcomm.compress import resolve
 
-    cfg = resolve(spec)
+    try:
+        cfg = resolve(spec)
+    except ValueError as exc:  # parse's plain ValueError: the direct API raises HCommValueError
+        raise HCommValueError(str(exc)) from exc
     backend = _backend(group)
     if cfg.enabled:
         backend.set_compression(_dtype_code(cfg.wire), cfg.chunk, cfg.error_feedback)
@@ -281,15 +325,37 @@ def _op_code(op) -> int:
     return _C.REDUCE_OPS[name]
 
 
+def _plan_count(fn: str, nbytes: int, dtype: torch.dtype, backend) -> int:
+    """`nbytes` per rank as elements of `dtype`, refused where no tensor could hold it.
+
+    The cost model takes any int64: a negative size came back as a huge
+    predicted time rather than an error, and the core multiplies the count by
+    the group size for the gather-like ops, which must not wrap.
+    """
+    try:
+        nbytes = operator.index(nbytes)
+    except TypeError:
+        raise HCommValueError(f"hcomm.{fn}: nbytes must be an integer byte count, got {nbytes!r}") from None
+    if nbytes < 0:
+        raise HCommValueError(f"hcomm.{fn}: nbytes is {nbytes}; a byte count cannot be negative")
+    count = nbytes // torch.tensor([], dtype=dtype).element_size()
+    if count * backend.size() > 2**63 - 1:
+        raise HCommValueError(f"hcomm.{fn}: nbytes = {nbytes} is too large: {backend.size()} ranks x {count} "
+                              f"elements overflow int64")
+    return count
+
+
 def plan(op: str, nbytes: int, dtype: torch.dtype = torch.float32, reduce_op=ReduceOp.SUM, group=None) -> dict:
     """Which algorithm hcomm would run for ``op`` with ``nbytes`` per rank, and its predicted seconds."""
-    count = nbytes // torch.tensor([], dtype=dtype).element_size()
-    name, seconds, note = _backend(group).plan(op, _dtype_code(dtype), count, _op_code(reduce_op))
+    backend = _backend(group)
+    count = _plan_count("plan", nbytes, dtype, backend)
+    name, seconds, note = backend.plan(op, _dtype_code(dtype), count, _op_code(reduce_op))
     return {"algorithm": name, "predicted_seconds": seconds, "note": note}
 
 
 def predict(op: str, nbytes: int, algorithm: str, dtype: torch.dtype = torch.float32, reduce_op=ReduceOp.SUM,
             group=None) -> float:
     """The cost model's predicted seconds for ``algorithm`` (NaN if it cannot run the op)."""
-    count = nbytes // torch.tensor([], dtype=dtype).element_size()
-    return _backend(group).predict(op, _dtype_code(dtype), count, _op_code(reduce_op), algorithm)
+    backend = _backend(group)
+    count = _plan_count("predict", nbytes, dtype, backend)
+    return backend.predict(op, _dtype_code(dtype), count, _op_code(reduce_op), algorithm)

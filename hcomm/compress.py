@@ -34,6 +34,9 @@ WIRE_DTYPES = {
     "none": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16,
     "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2,
 }
+# What errors offer, in the documented order.  "fp32" stays accepted as an
+# undocumented alias of "none" (plan files use it) but is not suggested.
+DOCUMENTED_WIRES = ("none", "bf16", "fp16", "fp8e4m3", "fp8e5m2")
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ def parse(text: str, chunk: Optional[int] = None) -> CompressConfig:
     spec = text.strip().lower()
     name, _, suffix = spec.partition(":")
     if name not in WIRE_DTYPES:
-        raise ValueError(f"HCOMM_COMPRESS: unknown wire dtype {name!r}; expected one of {sorted(WIRE_DTYPES)}")
+        raise ValueError(f"HCOMM_COMPRESS: unknown wire dtype {name!r}; expected one of "
+                         f"{', '.join(DOCUMENTED_WIRES)} (optionally with :ef)")
     if suffix not in ("", "ef"):
         raise ValueError(f"HCOMM_COMPRESS: unknown suffix {suffix!r} in {text!r}; only ':ef' is defined")
     chunk = HCOMM_COMPRESS_CHUNK.get() if chunk is None else chunk

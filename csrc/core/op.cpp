@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "core/error.h"
+
 namespace hcomm {
 
 const char* op_name(OpKind kind) {
@@ -35,15 +37,32 @@ std::string CollectiveArgs::describe() const {
   return s.str();
 }
 
+namespace {
+[[noreturn]] void sum_overflows(const std::vector<int64_t>& counts, size_t at) {
+  throw Error(ErrorKind::kInvalidArgument, "hcomm: per-rank counts overflow int64 when summed (entry " +
+                                               std::to_string(at) + " = " + std::to_string(counts[at]) + ")");
+}
+}  // namespace
+
+bool checked_total(const std::vector<int64_t>& counts, int64_t* total) {
+  int64_t t = 0;
+  for (int64_t c : counts)
+    if (__builtin_add_overflow(t, c, &t)) return false;
+  *total = t;
+  return true;
+}
+
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
   std::vector<int64_t> off(counts.size() + 1, 0);
-  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (__builtin_add_overflow(off[i], counts[i], &off[i + 1])) sum_overflows(counts, i);
   return off;
 }
 
 int64_t total_of(const std::vector<int64_t>& counts) {
   int64_t t = 0;
-  for (int64_t c : counts) t += c;
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (__builtin_add_overflow(t, counts[i], &t)) sum_overflows(counts, i);
   return t;
 }
 

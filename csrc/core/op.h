@@ -56,6 +56,11 @@ struct CollectiveArgs {
 };
 
 // Per-rank element counts (uneven collectives): prefix offsets and total.
+// Sums are overflow-checked: a wrapped sum can equal a buffer's length
+// ([3, 2^63-1, 2^63-1, 9] "sums" to 10), so acting on one would index far
+// past the buffer.  checked_total returns false instead of wrapping;
+// offsets_of and total_of throw an invalid-argument Error.
+bool checked_total(const std::vector<int64_t>& counts, int64_t* total);
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
 int64_t total_of(const std::vector<int64_t>& counts);
 // Splits `n` elements into `parts` near-equal counts (the first n % parts get one more).

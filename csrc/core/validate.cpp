@@ -13,18 +13,39 @@ namespace {
   throw Error(ErrorKind::kInvalidArgument, s.str());
 }
 
+// The per-rank counts of an uneven collective (`what` is "input" or
+// "output", the tensor they split), checked before any byte moves: the right
+// number of entries, each one on its own non-negative and within the tensor,
+// and an overflow-checked sum equal to it.  Bounding each entry first names
+// the bad one ([3, 2^63-1, 2^63-1, 9] wraps to 10, so the sum alone cannot)
+// and keeps the sum far from int64's range; the checked sum stays as the
+// guarantee the algorithms rely on.  These checks read only the counts and
+// the tensor they split, so ranks given the same sizes and shapes all refuse
+// alike and none waits for a peer that refused; the own-entry checks in
+// validate_args below are the exception (only that rank can see them).
 void check_counts(const CollectiveArgs& args, int rank, int size, const std::vector<int64_t>& counts,
-                  const char* name, int64_t expected_total, const char* total_name) {
+                  const char* name, int64_t expected_total, const char* what) {
   if (static_cast<int>(counts.size()) != size) {
     std::ostringstream s;
     s << name << " has " << counts.size() << " entries but the group has " << size << " ranks";
     fail(args, rank, s.str());
   }
   for (size_t i = 0; i < counts.size(); ++i)
-    if (counts[i] < 0) fail(args, rank, std::string(name) + " has a negative entry " + std::to_string(counts[i]));
-  if (total_of(counts) != expected_total) {
+    if (counts[i] < 0)
+      fail(args, rank, std::string(name) + " has a negative entry " + std::to_string(counts[i]) + " at index " +
+                           std::to_string(i));
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] > expected_total) {
+      std::ostringstream s;
+      s << name << "[" << i << "] = " << counts[i] << " exceeds the " << what << "'s " << expected_total
+        << " elements";
+      fail(args, rank, s.str());
+    }
+  int64_t total = 0;
+  if (!checked_total(counts, &total)) fail(args, rank, std::string(name) + " overflows int64 when summed");
+  if (total != expected_total) {
     std::ostringstream s;
-    s << name << " sums to " << total_of(counts) << " elements but " << total_name << " has " << expected_total;
+    s << name << " sums to " << total << " elements but the " << what << " has " << expected_total;
     fail(args, rank, s.str());
   }
 }
@@ -52,7 +73,7 @@ void validate_args(const CollectiveArgs& a, int rank, int size) {
                           std::to_string(size) + " x input " + std::to_string(in) + " = " + std::to_string(in * size));
       break;
     case OpKind::kAllGatherV:
-      check_counts(a, rank, size, a.output_counts, "output_split_sizes", out, "the output");
+      check_counts(a, rank, size, a.output_counts, "output_split_sizes", out, "output");
       if (a.output_counts[rank] != in)
         fail(a, rank, "output_split_sizes[" + std::to_string(rank) + "] is " + std::to_string(a.output_counts[rank]) +
                           " but this rank's input has " + std::to_string(in) + " elements");
@@ -63,7 +84,7 @@ void validate_args(const CollectiveArgs& a, int rank, int size) {
                           " x output " + std::to_string(out) + " = " + std::to_string(out * size));
       break;
     case OpKind::kReduceScatterV:
-      check_counts(a, rank, size, a.input_counts, "input_split_sizes", in, "the input");
+      check_counts(a, rank, size, a.input_counts, "input_split_sizes", in, "input");
       if (a.input_counts[rank] != out)
         fail(a, rank, "input_split_sizes[" + std::to_string(rank) + "] is " + std::to_string(a.input_counts[rank]) +
                           " but this rank's output has " + std::to_string(out) + " elements");
@@ -74,8 +95,8 @@ void validate_args(const CollectiveArgs& a, int rank, int size) {
         fail(a, rank, std::to_string(in) + " elements do not split evenly over " + std::to_string(size) + " ranks");
       break;
     case OpKind::kAllToAllV:
-      check_counts(a, rank, size, a.input_counts, "input_split_sizes", in, "the input");
-      check_counts(a, rank, size, a.output_counts, "output_split_sizes", out, "the output");
+      check_counts(a, rank, size, a.input_counts, "input_split_sizes", in, "input");
+      check_counts(a, rank, size, a.output_counts, "output_split_sizes", out, "output");
       break;
     case OpKind::kGather:
       if (rank == a.root && out != in * size)

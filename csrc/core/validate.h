@@ -8,6 +8,8 @@
 namespace hcomm {
 
 // Throws an invalid-argument Error naming the op, dtype, sizes and rank.
+// Uneven counts are checked entry by entry, with overflow-checked sums, so
+// no wrapped or out-of-range size reaches an algorithm.
 void validate_args(const CollectiveArgs& args, int rank, int size);
 
 }  // namespace hcomm

@@ -46,6 +46,33 @@ std::function<void()> copy_into(at::Tensor user, at::Tensor work) {
   return [user, work]() mutable { user.copy_(work); };
 }
 
+// all_to_all_single splits count rows of dim 0 and the core counts elements.
+// A hostile row count times the row length can wrap to a plausible element
+// count (2^62 rows of 4 is 0), which the core could not tell from a real one,
+// so with rows wider than one element the splits are checked here, in rows
+// and in the core's order and words, before multiplying.  1-D splits are
+// elements already: the core checks them.
+std::vector<int64_t> rows_to_elements(std::vector<int64_t> splits, const at::Tensor& t, int64_t row,
+                                      const char* name, const char* what, int rank, int size) {
+  if (t.dim() <= 1) return splits;
+  const int64_t rows = t.size(0);
+  TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == size, "hcomm: all_to_all_single on rank ", rank, ": ", name,
+                    " has ", splits.size(), " entries but the group has ", size, " ranks");
+  for (size_t i = 0; i < splits.size(); ++i)
+    TORCH_CHECK_VALUE(splits[i] >= 0, "hcomm: all_to_all_single on rank ", rank, ": ", name, " has a negative entry ",
+                      splits[i], " at index ", i);
+  int64_t sum = 0;
+  for (size_t i = 0; i < splits.size(); ++i) {
+    TORCH_CHECK_VALUE(splits[i] <= rows, "hcomm: all_to_all_single on rank ", rank, ": ", name, "[", i, "] = ",
+                      splits[i], " exceeds the ", what, "'s ", rows, " rows");
+    sum += splits[i];  // <= size * rows: cannot overflow
+  }
+  TORCH_CHECK_VALUE(sum == rows, "hcomm: all_to_all_single on rank ", rank, ": ", name, " sums to ", sum,
+                    " rows but the ", what, " has ", rows);
+  for (auto& s : splits) s *= row;  // <= numel: cannot overflow
+  return splits;
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -263,10 +290,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::alltoall_base(at::Tensor& outp
     std::vector<int64_t> send = inputSplitSizes, recv = outputSplitSizes;
     if (send.empty()) send.assign(getSize(), in.dim() ? in.size(0) / getSize() : 0);
     if (recv.empty()) recv.assign(getSize(), out.dim() ? out.size(0) / getSize() : 0);
-    for (auto& s : send) s *= in_row;
-    for (auto& r : recv) r *= out_row;
-    a.input_counts = send;
-    a.output_counts = recv;
+    a.input_counts = rows_to_elements(send, in, in_row, "input_split_sizes", "input", getRank(), getSize());
+    a.output_counts = rows_to_elements(recv, out, out_row, "output_split_sizes", "output", getRank(), getSize());
   }
   return run(std::move(a), c10d::OpType::ALLTOALL_BASE, {in, out, output}, copy_into(output, out), {output},
              "hcomm:all_to_all_single");

@@ -227,7 +227,7 @@ def check_compression(text: str, where: str) -> None:
     name, _, suffix = text.strip().lower().partition(":")
     if name not in WIRE_FORMATS:
         raise PlanError(f"{where}: unknown wire format {name!r} in {text!r}; expected one of "
-                        f"{', '.join(WIRE_FORMATS)}, optionally with ':ef'")
+                        f"{', '.join(w for w in WIRE_FORMATS if w != 'fp32')}, optionally with ':ef'")
     if suffix not in ("", "ef"):
         raise PlanError(f"{where}: unknown suffix {suffix!r} in {text!r}; only ':ef' is defined")
     if suffix and name in ("none", "fp32"):
