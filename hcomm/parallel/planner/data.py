@@ -152,6 +152,9 @@ def plan_data_parallel(view: ClusterView, global_batch: int, seq_len: int, *,
     plan = _to_plan(view, best, limits, global_batch, seq_len, sync_every, compression, name)
     plan.dp_group().outer_overlap = outer_overlap
     plan.dp_group().rebalance_after = rebalance_after if shares is None and sync_every == 1 else 0
+    if plan.dp_group().rebalance_after:
+        plan.notes.append(f"after {rebalance_after} steps the batch is re-split by the compute each rank shows "
+                          f"in training (the profile times layers alone)")
     plan.notes = _notes(view, best, candidates, limits, sync_every, compression)
     return plan, candidates
 
