@@ -24,8 +24,9 @@ HCOMM_ALGO = declare(
 )
 HCOMM_DEBUG = declare(
     "HCOMM_DEBUG", False,
-    "before each collective, all ranks compare op, dtype, element count, shape, reduce op/root and split sizes; "
-    "a mismatch raises an error naming the disagreeing rank (costs one small all-gather per op)",
+    "before each collective, all ranks compare its number in the group's sequence, op, dtype, shape, element count, "
+    "reduce op, root and split sizes; a mismatch, or a call one rank rejected as invalid, raises an error on every "
+    "rank naming the disagreeing rank (costs one small all-gather per op)",
 )
 HCOMM_LINK_ALPHA = declare(
     "HCOMM_LINK_ALPHA", 50e-6, "latency (seconds) the cost model uses for flat algorithms; unset: the slowest tier's",

@@ -249,7 +249,10 @@ def history(group=None) -> List[dict]:
 
     Each record: op, dtype, count, bytes, algorithm, chunk_bytes, seconds
     (issue to completion on the worker), predicted_seconds (the cost model's
-    estimate for the algorithm it chose) and tiers (bytes sent per tier).
+    estimate for the algorithm it chose), tiers (bytes sent per tier), ok
+    (False when the op failed) and error (its message, None when ok).  Under
+    HCOMM_DEBUG a call this rank rejected as invalid is recorded too, with
+    algorithm "rejected".
     """
     return list(_backend(group).history())
 

@@ -35,6 +35,8 @@ py::dict record_to_dict(const OpRecord& r) {
     tiers.append(td);
   }
   d["tiers"] = tiers;
+  d["ok"] = r.error.empty();
+  d["error"] = r.error.empty() ? py::object(py::none()) : py::object(py::str(r.error));
   return d;
 }
 
@@ -54,7 +56,8 @@ Buffer as_buffer(py::handle obj, DType dtype) {
 py::list local_run(int world, int kind, int dtype, int reduce, int root, py::list inputs, py::list outputs,
                    std::vector<std::vector<int64_t>> input_counts, std::vector<std::vector<int64_t>> output_counts,
                    std::string algorithm, bool debug, int timeout_ms, int kill_rank,
-                   std::vector<std::vector<int>> islands, std::vector<double> weights) {
+                   std::vector<std::vector<int>> islands, std::vector<double> weights,
+                   std::vector<int> reduce_per_rank, bool all_errors) {
   auto hub = std::make_shared<LocalHub>(world);
   // Optional islands: one more hub per island for its intra-island transport.
   std::vector<std::shared_ptr<LocalHub>> island_hubs;
@@ -101,7 +104,7 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
     a.input = as_buffer(inputs[r], static_cast<DType>(dtype));
     a.output = as_buffer(outputs[r], static_cast<DType>(dtype));
     if (a.kind == OpKind::kAllReduce || a.kind == OpKind::kBroadcast || a.kind == OpKind::kReduce) a.output = a.input;
-    a.reduce = static_cast<ReduceOp>(reduce);
+    a.reduce = static_cast<ReduceOp>(reduce_per_rank.empty() ? reduce : reduce_per_rank.at(r));
     a.root = root;
     if (!input_counts.empty()) a.input_counts = input_counts[r];
     if (!output_counts.empty()) a.output_counts = output_counts[r];
@@ -109,6 +112,7 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
   py::list records;
   std::vector<std::shared_ptr<Request>> reqs(world);
   std::string first_error;
+  std::vector<std::string> errors(world);
   {
     py::gil_scoped_release nogil;
     for (int r = 0; r < world; ++r) {
@@ -117,7 +121,10 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
         reqs[r] = comms[r]->submit(args[r]);
       } catch (const std::exception& e) {
         if (first_error.empty()) first_error = e.what();
-        hub->kill("hcomm: a peer failed before the collective: " + std::string(e.what()));
+        errors[r] = e.what();
+        // Under HCOMM_DEBUG a rejected call still joins the check, which is
+        // what tells the others; without it, fail them as a dead peer would.
+        if (!debug) hub->kill("hcomm: a peer failed before the collective: " + std::string(e.what()));
       }
     }
     for (int r = 0; r < world; ++r) {
@@ -126,9 +133,15 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
         reqs[r]->wait(std::chrono::milliseconds(-1));
       } catch (const std::exception& e) {
         if (first_error.empty()) first_error = e.what();
+        errors[r] = e.what();
       }
     }
     comms.clear();
+  }
+  if (all_errors) {  // each rank's error (None: it succeeded), for tests that read every rank's
+    py::list out;
+    for (const auto& e : errors) out.append(e.empty() ? py::object(py::none()) : py::object(py::str(e)));
+    return out;
   }
   if (!first_error.empty()) {
     bool invalid = first_error.find("hcomm: ") == 0 && first_error.find(" on rank ") != std::string::npos &&
@@ -137,6 +150,54 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
   }
   for (int r = 0; r < world; ++r) records.append(reqs[r] ? record_to_dict(reqs[r]->record()) : py::dict());
   return records;
+}
+
+// Runs a sequence of collectives per thread rank on persistent communicators
+// (test harness for what one call leaves behind for the next, e.g. a rank
+// that fell behind): ops[r] = [(kind, count, root, delay_ms)], all_reduce,
+// broadcast or barrier on float32 zeros.  Returns each rank's list of errors
+// (None: that op succeeded).
+py::list local_sequence(int world, std::vector<std::vector<std::tuple<int, int64_t, int, int>>> ops, bool debug,
+                        int timeout_ms) {
+  auto hub = std::make_shared<LocalHub>(world);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < world; ++r) {
+    CommConfig cfg;
+    cfg.debug_checks = debug;
+    comms.push_back(std::make_unique<Communicator>(
+        std::make_shared<LocalTransport>(hub, r, std::chrono::milliseconds(timeout_ms)), cfg));
+  }
+  std::vector<std::vector<std::string>> errors(world);
+  {
+    py::gil_scoped_release nogil;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world && r < static_cast<int>(ops.size()); ++r)
+      threads.emplace_back([&, r] {
+        for (const auto& [kind, count, root, delay_ms] : ops[r]) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+          std::vector<float> buf(static_cast<size_t>(count));
+          CollectiveArgs a;
+          a.kind = static_cast<OpKind>(kind);
+          if (a.kind != OpKind::kBarrier) a.input = a.output = Buffer{buf.data(), count, DType::kFloat32};
+          a.root = root;
+          try {
+            comms[r]->submit(a)->wait(std::chrono::milliseconds(-1));
+            errors[r].emplace_back();
+          } catch (const std::exception& e) {
+            errors[r].emplace_back(e.what());
+          }
+        }
+      });
+    for (auto& t : threads) t.join();
+    comms.clear();
+  }
+  py::list out;
+  for (const auto& per_rank : errors) {
+    py::list l;
+    for (const auto& e : per_rank) l.append(e.empty() ? py::object(py::none()) : py::object(py::str(e)));
+    out.append(l);
+  }
+  return out;
 }
 
 }  // namespace
@@ -177,7 +238,10 @@ void bind_core(py::module_& m) {
         py::arg("root"), py::arg("inputs"), py::arg("outputs"), py::arg("input_counts"), py::arg("output_counts"),
         py::arg("algorithm") = "", py::arg("debug") = false, py::arg("timeout_ms") = 10000, py::arg("kill_rank") = -1,
         py::arg("islands") = std::vector<std::vector<int>>{}, py::arg("weights") = std::vector<double>{},
+        py::arg("reduce_per_rank") = std::vector<int>{}, py::arg("all_errors") = false,
         "Run one collective on `world` in-process thread ranks (test harness).");
+  m.def("local_sequence", &local_sequence, py::arg("world"), py::arg("ops"), py::arg("debug") = false,
+        py::arg("timeout_ms") = 10000, "Run a sequence of collectives per thread rank (test harness).");
 }
 
 }  // namespace hcomm

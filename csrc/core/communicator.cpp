@@ -10,8 +10,65 @@
 
 namespace hcomm {
 
+namespace {
+// The flat transport with every blocking point-to-point wait entered in a
+// PeerWatch, so a timeout can name the peers that had not answered.
+class WatchedPending final : public Pending {
+ public:
+  WatchedPending(std::unique_ptr<Pending> inner, std::shared_ptr<PeerWatch> watch, int peer, bool recv)
+      : inner_(std::move(inner)), watch_(std::move(watch)), peer_(peer), recv_(recv) {}
+  void wait() override {
+    watch_->enter(peer_, recv_);
+    try {
+      inner_->wait();
+    } catch (...) {
+      watch_->leave(peer_, recv_);
+      throw;
+    }
+    watch_->leave(peer_, recv_);
+  }
+  int source() const override { return inner_->source(); }
+
+ private:
+  std::unique_ptr<Pending> inner_;
+  std::shared_ptr<PeerWatch> watch_;
+  int peer_;
+  bool recv_;
+};
+
+class WatchedTransport final : public Transport {
+ public:
+  WatchedTransport(std::shared_ptr<Transport> inner, std::shared_ptr<PeerWatch> watch)
+      : inner_(std::move(inner)), watch_(std::move(watch)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string library() const override { return inner_->library(); }
+  bool supports(const CollectiveArgs& args) const override { return inner_->supports(args); }
+  void run(const CollectiveArgs& args) override { inner_->run(args); }
+  bool start(const CollectiveArgs& args, std::function<void(std::exception_ptr)> done) override {
+    return inner_->start(args, std::move(done));
+  }
+  std::unique_ptr<Pending> isend(const Buffer& buf, int peer, int tag) override {
+    return std::make_unique<WatchedPending>(inner_->isend(buf, peer, tag), watch_, peer, false);
+  }
+  std::unique_ptr<Pending> irecv(const Buffer& buf, int peer, int tag) override {
+    return std::make_unique<WatchedPending>(inner_->irecv(buf, peer, tag), watch_, peer, true);
+  }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
+
+ private:
+  std::shared_ptr<Transport> inner_;
+  std::shared_ptr<PeerWatch> watch_;
+};
+}  // namespace
+
 Communicator::Communicator(std::shared_ptr<Transport> flat, CommConfig config)
-    : flat_(std::move(flat)), config_(std::move(config)), rank_(flat_->rank()), size_(flat_->size()),
+    : watch_(std::make_shared<PeerWatch>()),
+      flat_(std::make_shared<WatchedTransport>(std::move(flat), watch_)),
+      config_(std::move(config)),
+      rank_(flat_->rank()),
+      size_(flat_->size()),
       library_(flat_->library()) {
   // Recorded before the request completes, so history() after wait() sees it.
   executor_.set_recorder([this](const OpRecord& record) { remember(record); });
@@ -61,27 +118,36 @@ double Communicator::predict(const CollectiveArgs& args, const std::string& algo
 }
 
 std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks) {
-  validate_args(args, rank_, size_);
+  const bool p2p = args.kind == OpKind::kSend || args.kind == OpKind::kRecv;
+  if (p2p) validate_args(args, rank_, size_);
+  const Algorithm* algorithm = nullptr;
+  Selection sel;
+  if (!p2p) {
+    try {
+      validate_args(args, rank_, size_);
+      // Selected here, on the caller's thread, so "nothing supports this" is
+      // raised to the caller before any rank starts communicating.
+      sel = plan(args);
+    } catch (const std::exception& e) {
+      reject(args, e.what());
+      throw;
+    }
+    algorithm = sel.algorithm;
+  }
   OpRecord record;
   record.kind = args.kind;
   record.dtype = args.input.dtype;
   record.count = args.input.count;
   record.bytes = args.payload_bytes();
-  const bool p2p = args.kind == OpKind::kSend || args.kind == OpKind::kRecv;
   uint64_t collective_seq = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     record.seq = next_seq_++;
     if (!p2p) collective_seq = next_collective_seq_++;
   }
-  const Algorithm* algorithm = nullptr;
   if (p2p) {
     record.algorithm = "p2p";
   } else {
-    // Selected here, on the caller's thread, so "nothing supports this" is
-    // raised to the caller before any rank starts communicating.
-    Selection sel = plan(args);
-    algorithm = sel.algorithm;
     record.algorithm = algorithm->name();
     record.predicted_seconds = sel.predicted_seconds;
   }
@@ -105,12 +171,15 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
           });
         },
         record);
-    if (request) return request;
+    if (request) {
+      request->set_watch(watch_);
+      return request;
+    }
     record.tiers.clear();
   }
   auto task = [this, args, hooks = std::move(hooks), algorithm, debug,
                collective_seq](OpRecord& rec) -> std::unique_ptr<Pending> {
-    if (debug) debug_check(args, collective_seq);
+    if (debug) debug_check(args, collective_seq, false);
     if (hooks.before) hooks.before();
     std::unique_ptr<Pending> pending;
     if (args.kind == OpKind::kSend) {
@@ -146,7 +215,42 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
     }
     return pending;
   };
-  return executor_.submit(std::move(task), record);
+  auto request = executor_.submit(std::move(task), record);
+  request->set_watch(watch_);
+  return request;
+}
+
+// A collective this rank refuses (bad arguments, nothing can run it) still
+// takes its place in the group's sequence.  Under HCOMM_DEBUG it also joins
+// the signature exchange, flagged, so that the other ranks, which made a
+// valid call and would otherwise wait out the timeout for a peer that never
+// comes, raise at once; this rank raises its own, more precise, error.
+void Communicator::reject(const CollectiveArgs& args, const std::string& why) {
+  uint64_t seq = 0;
+  OpRecord record;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record.seq = next_seq_++;
+    seq = next_collective_seq_++;
+  }
+  if (!config_.debug_checks) return;
+  record.kind = args.kind;
+  record.dtype = args.input.dtype;
+  record.count = args.input.count;
+  record.algorithm = "rejected";
+  auto task = [this, args, seq, why](OpRecord&) -> std::unique_ptr<Pending> {
+    try {
+      debug_check(args, seq, true);
+    } catch (...) {
+      // The others raise the mismatch; this rank's record keeps its own reason.
+    }
+    throw Error(ErrorKind::kInvalidArgument, why);
+  };
+  try {
+    executor_.submit(std::move(task), record);
+  } catch (...) {
+    // Shut down: there is no exchange to take part in.
+  }
 }
 
 void Communicator::remember(const OpRecord& record) {
@@ -178,84 +282,6 @@ std::string Communicator::forced_algorithm() const {
 void Communicator::set_link_model(const LinkModel& link) {
   std::lock_guard<std::mutex> lock(mu_);
   config_.flat_link = link;
-}
-
-// HCOMM_DEBUG: every rank all-gathers a small signature of the op it is about
-// to run; a rank whose call differs is named before the mismatched collective
-// can hang or corrupt data.
-void Communicator::debug_check(const CollectiveArgs& a, uint64_t seq) {
-  auto counts_hash = [](const std::vector<int64_t>& c) {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t v : c) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    return static_cast<int64_t>(h);
-  };
-  int64_t count = a.input.count, shape = a.shape_hash;
-  switch (a.kind) {
-    case OpKind::kAllGatherV: count = a.output.count; shape = counts_hash(a.output_counts); break;
-    case OpKind::kReduceScatterV: count = a.input.count; shape = counts_hash(a.input_counts); break;
-    case OpKind::kReduceScatter: count = a.output.count; break;
-    case OpKind::kAllToAllV: count = 0; break;
-    case OpKind::kScatter: count = a.output.count; break;
-    case OpKind::kBarrier: count = 0; break;
-    default: break;
-  }
-  const int64_t mine[6] = {static_cast<int64_t>(seq), static_cast<int64_t>(a.kind), static_cast<int64_t>(a.input.dtype),
-                           count, a.is_reduction() ? static_cast<int64_t>(a.reduce) * 1000 + a.root : a.root, shape};
-  std::vector<int64_t> all(6 * static_cast<size_t>(size_));
-  for (int i = 0; i < 6; ++i) all[rank_ * 6 + i] = mine[i];
-  Buffer out{all.data(), static_cast<int64_t>(all.size()), DType::kInt64};
-  ring_all_gather_inplace(*flat_, out, std::vector<int64_t>(size_, 6));
-  static const char* fields[] = {"sequence number", "op", "dtype", "element count", "reduce op/root",
-                                 "shape or split sizes"};
-  auto show = [&](int i, int64_t v) -> std::string {
-    if (i == 1) return op_name(static_cast<OpKind>(v));
-    if (i == 2) return dtype_name(static_cast<DType>(v));
-    return std::to_string(v);
-  };
-  for (int i = 0; i < 6; ++i) {
-    // The value most ranks hold (ties: the lowest rank's) is the reference, so
-    // every rank, the odd one included, names the same disagreeing rank.
-    int best_rank = 0, best_votes = 0;
-    for (int r = 0; r < size_; ++r) {
-      int votes = 0;
-      for (int q = 0; q < size_; ++q) votes += all[q * 6 + i] == all[r * 6 + i];
-      if (votes > best_votes) best_rank = r, best_votes = votes;
-    }
-    const int64_t expected = all[best_rank * 6 + i];
-    for (int r = 0; r < size_; ++r) {
-      if (all[r * 6 + i] == expected) continue;
-      throw Error(ErrorKind::kRuntime, "hcomm (HCOMM_DEBUG): collective mismatch seen on rank " +
-                                           std::to_string(rank_) + " (running " + a.describe() + "): rank " +
-                                           std::to_string(r) + " disagrees on " + fields[i] + " (" +
-                                           show(i, all[r * 6 + i]) + " vs " + show(i, expected) + " on rank " +
-                                           std::to_string(best_rank) + ")");
-    }
-  }
-  if (a.kind == OpKind::kAllToAllV) debug_check_splits(a);
-}
-
-// all_to_all_v: what rank q sends to rank r must be what r expects from q,
-// or the exchange hangs or truncates.  Every rank all-gathers every rank's
-// send and receive splits and checks the whole matrix, so all ranks raise
-// the same error, naming both ranks and both counts.
-void Communicator::debug_check_splits(const CollectiveArgs& a) {
-  const size_t n = static_cast<size_t>(size_);
-  std::vector<int64_t> all(2 * n * n);  // per rank: n send splits, then n receive splits
-  for (size_t q = 0; q < n; ++q) {
-    all[rank_ * 2 * n + q] = a.input_counts[q];
-    all[rank_ * 2 * n + n + q] = a.output_counts[q];
-  }
-  Buffer out{all.data(), static_cast<int64_t>(all.size()), DType::kInt64};
-  ring_all_gather_inplace(*flat_, out, std::vector<int64_t>(n, static_cast<int64_t>(2 * n)));
-  for (size_t q = 0; q < n; ++q)
-    for (size_t r = 0; r < n; ++r) {
-      const int64_t sent = all[q * 2 * n + r], expected = all[r * 2 * n + n + q];
-      if (sent != expected)
-        throw Error(ErrorKind::kRuntime, "hcomm (HCOMM_DEBUG): all_to_all_v split mismatch: rank " +
-                                             std::to_string(q) + " sends " + std::to_string(sent) +
-                                             " elements to rank " + std::to_string(r) + ", which expects " +
-                                             std::to_string(expected));
-    }
 }
 
 namespace {

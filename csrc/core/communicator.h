@@ -14,6 +14,7 @@
 
 #include "core/algo/algorithm.h"
 #include "core/executor.h"
+#include "core/peer_watch.h"
 #include "core/request.h"
 #include "core/transport.h"
 
@@ -62,6 +63,10 @@ class Communicator {
   std::shared_ptr<Request> send(Buffer buf, int peer, int tag, OpHooks hooks = {});
   std::shared_ptr<Request> recv(Buffer buf, int peer, int tag, OpHooks hooks = {});
   std::shared_ptr<Request> barrier(OpHooks hooks = {});
+  // A collective the caller's layer refused before submit (its own argument
+  // checks): it keeps this rank's place in the sequence and, under
+  // HCOMM_DEBUG, tells the other ranks at once.  submit() calls it itself.
+  void reject(const CollectiveArgs& args, const std::string& why);
 
   // Which algorithm would run `args` (HCOMM_ALGO honoured) and its predicted time.
   Selection plan(const CollectiveArgs& args) const;
@@ -83,10 +88,13 @@ class Communicator {
 
  private:
   void remember(const OpRecord& record);
-  void debug_check(const CollectiveArgs& args, uint64_t seq);
+  // HCOMM_DEBUG (debug_check.cpp); `invalid`: this rank rejected the call.
+  void debug_check(const CollectiveArgs& args, uint64_t seq, bool invalid);
+  void debug_check_counts(const CollectiveArgs& args);
   void debug_check_splits(const CollectiveArgs& args);
   AlgoContext context() const;  // flat transport, link model, hierarchy
 
+  std::shared_ptr<PeerWatch> watch_;  // before flat_, which reports into it
   std::shared_ptr<Transport> flat_;
   CommConfig config_;
   int rank_, size_;

@@ -8,6 +8,19 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+// The message history() shows for a failed op (a record without it reads as
+// a success).
+std::string message_of(std::exception_ptr error) {
+  if (!error) return "";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what()[0] ? e.what() : "hcomm: unknown error";
+  } catch (...) {
+    return "hcomm: unknown error";
+  }
+}
 }  // namespace
 
 Executor::Executor() : worker_(&Executor::work_loop, this) {}
@@ -39,6 +52,7 @@ std::shared_ptr<Request> Executor::try_direct(const DirectStart& start, OpRecord
   }
   auto done = [this, request, record, begin, recorder](std::exception_ptr error) mutable {
     record.seconds = seconds_since(begin);
+    record.error = message_of(error);
     if (recorder) recorder(record);
     request->complete(error, record);
     std::lock_guard<std::mutex> dlock(direct_mu_);
@@ -117,6 +131,7 @@ void Executor::wait_one(Item item) {
 
 void Executor::finish(Item& item, std::exception_ptr error) {
   item.record.seconds = seconds_since(item.start);
+  item.record.error = message_of(error);
   if (recorder_) recorder_(item.record);
   item.request->complete(error, item.record);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,10 +41,10 @@ struct CollectiveArgs {
   int tag = 0;
   std::vector<int64_t> input_counts;   // per rank, elements
   std::vector<int64_t> output_counts;  // per rank, elements
-  // Hash of the caller's tensor shape (0: none given).  Only HCOMM_DEBUG
-  // reads it, so that [2, 3] against [3, 2] is caught although the element
-  // counts agree (what TORCH_DISTRIBUTED_DEBUG=DETAIL compares).
-  int64_t shape_hash = 0;
+  // The caller's tensor shape (none: not given).  Only HCOMM_DEBUG reads it,
+  // so that [2, 3] against [3, 2] is caught although the element counts
+  // agree (what TORCH_DISTRIBUTED_DEBUG=DETAIL compares), and named as written.
+  std::optional<std::vector<int64_t>> shape;
 
   bool is_reduction() const {
     return kind == OpKind::kAllReduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter ||

@@ -28,6 +28,20 @@ OpRecord Request::record() const {
   return record_;
 }
 
+void Request::set_watch(std::shared_ptr<const PeerWatch> watch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  watch_ = std::move(watch);
+}
+
+std::string Request::waiting_for() const {
+  std::shared_ptr<const PeerWatch> watch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watch = watch_;
+  }
+  return watch ? watch->describe() : std::string();
+}
+
 void Request::on_complete(Callback cb) {
   std::exception_ptr err;
   {

@@ -6,11 +6,13 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/op.h"
+#include "core/peer_watch.h"
 
 namespace hcomm {
 
@@ -32,6 +34,7 @@ struct OpRecord {
   double predicted_seconds = 0;  // the cost model's estimate for the chosen algorithm
   std::vector<TierRecord> tiers;
   int source_rank = -1;  // recv from any source: who sent it
+  std::string error;     // empty: the op succeeded; else the message it failed with
 };
 
 class Request {
@@ -46,6 +49,10 @@ class Request {
   // Runs `cb` once the op finishes (at once, on this thread, if it already has).
   void on_complete(Callback cb);
   OpRecord record() const;
+  // Who this op's rank is blocked on now ("" when unknown or nothing), for
+  // timeout messages raised by whoever waits on the request.
+  void set_watch(std::shared_ptr<const PeerWatch> watch);
+  std::string waiting_for() const;
 
   // Called by the executor.
   void complete(std::exception_ptr error, const OpRecord& record);
@@ -57,6 +64,7 @@ class Request {
   std::exception_ptr error_;
   OpRecord record_;
   std::vector<Callback> callbacks_;
+  std::shared_ptr<const PeerWatch> watch_;
 };
 
 }  // namespace hcomm

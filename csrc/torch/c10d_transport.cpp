@@ -25,7 +25,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 // Runs `fn` and turns a library failure into an hcomm Error that names the
 // library, the op and this rank (gloo's own text says which peer and why).
 template <typename F>
-void guarded(const std::string& library, int rank, const char* what, F fn) {
+void guarded(const std::string& library, int rank, const std::string& what, F fn) {
   try {
     fn();
   } catch (const Error&) {
@@ -40,9 +40,10 @@ void guarded(const std::string& library, int rank, const char* what, F fn) {
 
 class WorkPending final : public Pending {
  public:
-  WorkPending(c10::intrusive_ptr<c10d::Work> work, std::string library, int rank, const char* what,
+  // `what`: "recv from rank 3 (tag 5)", so a failure names the peer.
+  WorkPending(c10::intrusive_ptr<c10d::Work> work, std::string library, int rank, std::string what,
               std::chrono::milliseconds timeout)
-      : work_(std::move(work)), library_(std::move(library)), rank_(rank), what_(what), timeout_(timeout) {}
+      : work_(std::move(work)), library_(std::move(library)), rank_(rank), what_(std::move(what)), timeout_(timeout) {}
   void wait() override {
     // Explicit: gloo's p2p waits otherwise use the timeout its context was created with.
     bool done = true;
@@ -58,7 +59,7 @@ class WorkPending final : public Pending {
   c10::intrusive_ptr<c10d::Work> work_;
   std::string library_;
   int rank_;
-  const char* what_;
+  std::string what_;
   std::chrono::milliseconds timeout_;
   int source_ = -1;
 };
@@ -239,7 +240,9 @@ std::unique_ptr<Pending> C10dTransport::isend(const Buffer& buf, int peer, int t
   std::vector<at::Tensor> ts{bytes_view(buf)};
   c10::intrusive_ptr<c10d::Work> work;
   guarded(library_, rank_, "send", [&] { work = backend_->send(ts, peer, tag); });
-  return std::make_unique<WorkPending>(std::move(work), library_, rank_, "send", timeout());
+  return std::make_unique<WorkPending>(std::move(work), library_, rank_,
+                                       "send to rank " + std::to_string(peer) + " (tag " + std::to_string(tag) + ")",
+                                       timeout());
 }
 
 std::unique_ptr<Pending> C10dTransport::irecv(const Buffer& buf, int peer, int tag) {
@@ -248,7 +251,11 @@ std::unique_ptr<Pending> C10dTransport::irecv(const Buffer& buf, int peer, int t
   guarded(library_, rank_, "recv", [&] {
     work = peer < 0 ? backend_->recvAnysource(ts, tag) : backend_->recv(ts, peer, tag);
   });
-  return std::make_unique<WorkPending>(std::move(work), library_, rank_, "recv", timeout());
+  return std::make_unique<WorkPending>(
+      std::move(work), library_, rank_,
+      (peer < 0 ? std::string("recv from any rank") : "recv from rank " + std::to_string(peer)) + " (tag " +
+          std::to_string(tag) + ")",
+      timeout());
 }
 
 }  // namespace hcomm

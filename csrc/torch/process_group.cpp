@@ -189,7 +189,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::broadcast(std::vector<at::Tens
   CollectiveArgs a;
   a.kind = OpKind::kBroadcast;
   a.input = a.output = to_buffer(t.work);
-  a.shape_hash = shape_hash(t.user);
+  a.shape = shape_of(t.user);
   a.root = static_cast<int>(opts.rootRank);
   return run(std::move(a), c10d::OpType::BROADCAST, {t.work, t.user}, t.copy_back(), tensors, "hcomm:broadcast");
 }
@@ -203,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce(std::vector<at::Tens
   CollectiveArgs a;
   a.kind = OpKind::kAllReduce;
   a.input = a.output = to_buffer(t.work);
-  a.shape_hash = shape_hash(t.user);
+  a.shape = shape_of(t.user);
   a.reduce = to_hcomm_op(opts.reduceOp, t.work.scalar_type());
   return run(std::move(a), c10d::OpType::ALLREDUCE, {t.work, t.user}, t.copy_back(), tensors, "hcomm:all_reduce");
 }
@@ -262,7 +262,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce(std::vector<at::Tensor>
   CollectiveArgs a;
   a.kind = OpKind::kReduce;
   a.input = a.output = to_buffer(work);
-  a.shape_hash = shape_hash(user);
+  a.shape = shape_of(user);
   a.reduce = to_hcomm_op(opts.reduceOp, work.scalar_type());
   a.root = root;
   return run(std::move(a), c10d::OpType::REDUCE, {work, user}, after, tensors, "hcomm:reduce");

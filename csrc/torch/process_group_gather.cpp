@@ -73,30 +73,57 @@ std::vector<int64_t> rows_to_elements(std::vector<int64_t> splits, const at::Ten
   return splits;
 }
 
+// Runs a collective's argument checks; a failure is reported to the
+// communicator first (Communicator::reject), so that under HCOMM_DEBUG the
+// other ranks, whose calls were fine, raise at once instead of waiting out
+// the timeout for a rank that will not come.
+template <typename F>
+void checked(Communicator& comm, OpKind kind, F&& checks) {
+  try {
+    checks();
+  } catch (const c10::Error& e) {
+    CollectiveArgs a;
+    a.kind = kind;
+    comm.reject(a, e.msg());
+    throw;
+  }
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
   if (on_device(inputs)) return device_backend_->allgather(outputs, inputs, opts);
-  check_single(inputs, "allgather");
-  TORCH_CHECK_VALUE(outputs.size() == 1, "hcomm: allgather takes one output list, got ", outputs.size());
-  auto& outs = outputs[0];
-  TORCH_CHECK_VALUE(static_cast<int>(outs.size()) == getSize(), "hcomm: allgather output list has ", outs.size(),
-                    " tensors but the group has ", getSize(), " ranks");
-  at::Tensor in = inputs[0].contiguous();
-  check_dense(in, "allgather", "input");
-  for (auto& o : outs) check_same_dtype(in, o, "allgather");
-  std::vector<int64_t> counts = numels(outs);
-  at::Tensor flat = at::empty({total_of(counts)}, in.options());
   CollectiveArgs a;
+  a.kind = OpKind::kAllGather;
+  std::vector<at::Tensor>* outs_p = nullptr;
+  std::vector<int64_t> counts;
+  at::Tensor in;
+  try {
+    check_single(inputs, "allgather");
+    TORCH_CHECK_VALUE(outputs.size() == 1, "hcomm: allgather takes one output list, got ", outputs.size());
+    outs_p = &outputs[0];
+    TORCH_CHECK_VALUE(static_cast<int>(outs_p->size()) == getSize(), "hcomm: allgather on rank ", getRank(),
+                      ": output list has ", outs_p->size(), " tensors but the group has ", getSize(), " ranks");
+    in = inputs[0].contiguous();
+    check_dense(in, "allgather", "input");
+    for (auto& o : *outs_p) check_same_dtype(in, o, "allgather");
+    counts = numels(*outs_p);
+    if (all_equal(counts))
+      TORCH_CHECK_VALUE(counts[0] == in.numel(), "hcomm: allgather on rank ", getRank(), ": output tensors have ",
+                        counts[0], " elements but the input has ", in.numel());
+  } catch (const c10::Error& e) {
+    // Only this rank can see its list is wrong; under HCOMM_DEBUG the others
+    // learn it now instead of waiting out the timeout for this rank.
+    comm_->reject(a, e.msg());
+    throw;
+  }
+  auto& outs = *outs_p;
+  at::Tensor flat = at::empty({total_of(counts)}, in.options());
   a.input = to_buffer(in);
   a.output = to_buffer(flat);
-  if (all_equal(counts)) {
-    a.kind = OpKind::kAllGather;
-    TORCH_CHECK_VALUE(counts[0] == in.numel(), "hcomm: allgather output tensors have ", counts[0],
-                      " elements but the input has ", in.numel());
-  } else {  // outputs of different sizes: the uneven all_gather_v
+  if (!all_equal(counts)) {  // outputs of different sizes: the uneven all_gather_v
     a.kind = OpKind::kAllGatherV;
     a.output_counts = counts;
   }
@@ -107,17 +134,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allgather(std::vector<std::vec
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
   if (on_device(input)) return device_backend_->_allgather_base(output, input, opts);
-  check_dense(input, "all_gather_into_tensor", "input");
-  check_same_dtype(input, output, "all_gather_into_tensor");
-  TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "hcomm: all_gather_into_tensor output has ",
-                    output.numel(), " elements; expected world size ", getSize(), " x input ", input.numel(), " = ",
-                    input.numel() * getSize());
+  checked(*comm_, OpKind::kAllGather, [&] {
+    check_dense(input, "all_gather_into_tensor", "input");
+    check_same_dtype(input, output, "all_gather_into_tensor");
+    TORCH_CHECK_VALUE(output.numel() == input.numel() * getSize(), "hcomm: all_gather_into_tensor output has ",
+                      output.numel(), " elements; expected world size ", getSize(), " x input ", input.numel(), " = ",
+                      input.numel() * getSize());
+  });
   at::Tensor in = input.contiguous(), out = writable(output);
   CollectiveArgs a;
   a.kind = OpKind::kAllGather;
   a.input = to_buffer(in);
   a.output = to_buffer(out);
-  a.shape_hash = shape_hash(input);
+  a.shape = shape_of(input);
   return run(std::move(a), c10d::OpType::_ALLGATHER_BASE, {in, out, output}, copy_into(output, out), {output},
              "hcomm:all_gather_into_tensor");
 }
@@ -242,17 +271,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce_scatter(std::vector<at:
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
   if (on_device(input)) return device_backend_->_reduce_scatter_base(output, input, opts);
-  check_dense(input, "reduce_scatter_tensor", "input");
-  check_same_dtype(input, output, "reduce_scatter_tensor");
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), "hcomm: reduce_scatter_tensor input has ",
-                    input.numel(), " elements; expected world size ", getSize(), " x output ", output.numel(), " = ",
-                    output.numel() * getSize());
+  checked(*comm_, OpKind::kReduceScatter, [&] {
+    check_dense(input, "reduce_scatter_tensor", "input");
+    check_same_dtype(input, output, "reduce_scatter_tensor");
+    TORCH_CHECK_VALUE(input.numel() == output.numel() * getSize(), "hcomm: reduce_scatter_tensor input has ",
+                      input.numel(), " elements; expected world size ", getSize(), " x output ", output.numel(),
+                      " = ", output.numel() * getSize());
+  });
   at::Tensor in = input.contiguous(), out = writable(output);
   CollectiveArgs a;
   a.kind = OpKind::kReduceScatter;
   a.input = to_buffer(in);
   a.output = to_buffer(out);
-  a.shape_hash = shape_hash(output);
+  a.shape = shape_of(output);
   a.reduce = to_hcomm_op(opts.reduceOp, in.scalar_type());
   return run(std::move(a), c10d::OpType::_REDUCE_SCATTER_BASE, {in, out, output}, copy_into(output, out), {output},
              "hcomm:reduce_scatter_tensor");

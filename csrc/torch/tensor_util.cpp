@@ -60,11 +60,7 @@ ReduceOp to_hcomm_op(const c10d::ReduceOp& op, at::ScalarType type) {
                     c10::toString(type), "; use sum, avg, product, min, max, band, bor or bxor");
 }
 
-int64_t shape_hash(const at::Tensor& t) {
-  uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(t.dim());
-  for (int64_t d : t.sizes()) h = (h ^ static_cast<uint64_t>(d)) * 1099511628211ull;
-  return static_cast<int64_t>(h | 1);
-}
+std::vector<int64_t> shape_of(const at::Tensor& t) { return t.sizes().vec(); }
 
 Buffer to_buffer(const at::Tensor& t) {
   Buffer b;

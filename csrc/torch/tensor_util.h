@@ -14,8 +14,8 @@ DType to_hcomm_dtype(at::ScalarType type);
 at::ScalarType to_torch_dtype(DType dtype);
 ReduceOp to_hcomm_op(const c10d::ReduceOp& op, at::ScalarType type);
 
-// A hash of t's sizes for CollectiveArgs::shape_hash (HCOMM_DEBUG), never 0.
-int64_t shape_hash(const at::Tensor& t);
+// t's sizes, for CollectiveArgs::shape (HCOMM_DEBUG).
+std::vector<int64_t> shape_of(const at::Tensor& t);
 // A view of a contiguous tensor as a core Buffer.
 Buffer to_buffer(const at::Tensor& t);
 // A tensor aliasing `buf` (no copy), for handing core buffers to c10d.

@@ -95,8 +95,16 @@ bool HCommWork::wait(std::chrono::milliseconds timeout) {
       rethrow_for_torch(std::current_exception());
     }
     if (!done) {
-      C10_THROW_ERROR(DistBackendError, "hcomm: rank " + std::to_string(rank_) + " timed out after " +
-                                            std::to_string(limit.count()) + " ms waiting for " + c10d::opTypeToString(retrieveOpType()));
+      // Name who had not answered where hcomm knows (its own algorithms and
+      // the HCOMM_DEBUG exchange wait on one peer at a time); a library's
+      // native collective does not say.
+      const std::string peers = r->waiting_for();
+      C10_THROW_ERROR(DistBackendError,
+                      "hcomm: rank " + std::to_string(rank_) + " timed out after " + std::to_string(limit.count()) +
+                          " ms waiting for " + c10d::opTypeToString(retrieveOpType()) +
+                          (peers.empty() ? std::string(" (inside the library's native collective, which does not say "
+                                                       "which rank is missing; HCOMM_DEBUG=1 checks every call first)")
+                                         : "; still waiting for " + peers));
     }
   }
   return true;

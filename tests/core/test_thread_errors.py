@@ -120,21 +120,59 @@ def test_root_that_never_joins_makes_the_others_time_out(kind, algorithm):
 
 def test_debug_check_names_the_rank_with_a_different_count():
     bufs = [_z(5), _z(5), _z(6), _z(5)]
-    with pytest.raises(hcomm.HCommError, match=r"HCOMM_DEBUG.*rank 2 disagrees on element count \(6 vs 5 on rank 0\)"):
+    with pytest.raises(hcomm.HCommError) as info:
         local.run(4, "all_reduce", torch.float32, bufs, debug=True, timeout_ms=5000)
+    # The first rank's error is the one raised: rank 0's.
+    assert str(info.value) == ("hcomm (HCOMM_DEBUG): collective mismatch seen on rank 0 (running "
+                               "all_reduce(float32 x 5, sum)): rank 2 calls all_reduce with 6 elements, rank 0 with 5")
+
+
+def test_debug_check_names_reduce_ops_as_torch_spells_them():
+    bufs = [_z(4) for _ in range(3)]
+    errors = _C.local_run(3, _C.OP_KINDS["all_reduce"], local.dtype_code(torch.float32), _C.REDUCE_OPS["sum"], 0,
+                          [b.numpy() for b in bufs], [None] * 3, [], [], debug=True, timeout_ms=5000,
+                          reduce_per_rank=[_C.REDUCE_OPS[op] for op in ("sum", "sum", "max")], all_errors=True)
+    for rank, err in enumerate(errors):
+        assert err == (f"hcomm (HCOMM_DEBUG): collective mismatch seen on rank {rank} (running all_reduce(float32 x 4, "
+                       f"{'max' if rank == 2 else 'sum'})): rank 2 calls all_reduce with reduce op MAX, rank 0 with SUM")
 
 
 def test_debug_check_names_a_split_size_disagreement():
     # Each rank's call is valid on its own (its block matches its output) but the splits differ.
     ins = [_z(4), _z(4)]
     outs = [_z(2), _z(3)]
-    with pytest.raises(hcomm.HCommError, match=r"rank 1 disagrees on shape or split sizes"):
+    with pytest.raises(hcomm.HCommError) as info:
         local.run(2, "reduce_scatter_v", torch.float32, ins, outs, input_counts=[[2, 2], [1, 3]],
                   debug=True, timeout_ms=5000)
+    assert str(info.value) == ("hcomm (HCOMM_DEBUG): collective mismatch seen on rank 0 (running "
+                               "reduce_scatter_v(float32 x 4 -> 2, sum)): rank 1 passes counts [1, 3], rank 0 [2, 2]")
 
 
-def test_debug_check_passes_and_results_are_unchanged_when_calls_agree():
-    bufs = [torch.full((3,), float(r)) for r in range(3)]
-    recs = local.run(3, "all_reduce", torch.float32, bufs, debug=True)
-    assert all(torch.equal(b, torch.full((3,), 3.0)) for b in bufs)
-    assert [r["op"] for r in recs] == ["all_reduce"] * 3
+def test_debug_check_lets_every_rank_learn_that_one_rank_rejected_its_call():
+    # Rank 2's block count does not match its input: only it can tell, yet
+    # every rank raises at once instead of waiting out the 5 s timeout.
+    ins = [_z(2), _z(2), _z(2)]
+    outs = [_z(6), _z(6), _z(7)]
+    t0 = time.monotonic()
+    errors = _C.local_run(3, _C.OP_KINDS["all_gather_v"], local.dtype_code(torch.float32), 0, 0,
+                          [t.numpy() for t in ins], [t.numpy() for t in outs], [],
+                          [[2, 2, 2], [2, 2, 2], [2, 2, 3]], debug=True, timeout_ms=5000, all_errors=True)
+    assert time.monotonic() - t0 < 3.0
+    for rank in (0, 1):
+        assert errors[rank] == (f"hcomm (HCOMM_DEBUG): collective mismatch seen on rank {rank} (running "
+                                "all_gather_v(float32 x 2 -> 6)): rank 2 rejected its all_gather_v call as invalid "
+                                "(rank 2's own error says why)")
+    assert errors[2].startswith("hcomm: all_gather_v(float32 x 2 -> 7) on rank 2: ") and "HCOMM_DEBUG" not in errors[2], errors[2]
+
+
+def test_debug_check_numbers_collectives_so_a_rank_that_fell_behind_is_named():
+    # Rank 1 arrives late for collective #1: rank 0's all_reduce times out and
+    # it goes on to #2, a broadcast.  Rank 1's #1 (a broadcast) then meets
+    # rank 0's #2: each rank says who is at which collective.
+    ar, bc = _C.OP_KINDS["all_reduce"], _C.OP_KINDS["broadcast"]
+    errors = _C.local_sequence(2, [[(ar, 4, 0, 0), (bc, 4, 0, 0)], [(bc, 4, 0, 1400)]], debug=True, timeout_ms=1000)
+    assert errors[0][0] == "hcomm: rank 0 timed out after 1000 ms waiting for a message from rank 1"
+    prefix = "hcomm (HCOMM_DEBUG): collective mismatch seen on rank %d (running broadcast(float32 x 4, root 0)): "
+    assert errors[0][1] == prefix % 0 + "rank 1 is at collective #1 (broadcast), rank 0 at #2 (broadcast)"
+    assert errors[1] == [prefix % 1 + "rank 1 is at collective #1 (broadcast), rank 0 at #1 (all_reduce); "
+                         "a rank skipped a collective or called them in a different order"]
