@@ -50,26 +50,23 @@ def unique_trainable(params: Sequence[torch.nn.Parameter]) -> List[torch.nn.Para
     return out
 
 
-def pack(params: Sequence[torch.nn.Parameter], bucket_bytes: int, first_bucket_bytes: int = 0,
-         extra_slots: int = 0) -> List[Bucket]:
+def pack(params: Sequence[torch.nn.Parameter], bucket_bytes: int, extra_slots: int = 0) -> List[Bucket]:
     """Buckets of at most ``bucket_bytes`` (a parameter larger than that gets its own).
 
-    Parameters of different dtypes never share a bucket.  ``first_bucket_bytes``
-    (if set and smaller) caps the first bucket so communication starts early,
-    as DDP's 1 MiB first bucket does.  ``extra_slots`` trailing elements in the
-    last bucket carry scalars with the gradients (the step's loss).
+    Parameters of different dtypes never share a bucket.  ``extra_slots``
+    trailing elements in the last bucket carry scalars with the gradients
+    (the step's loss).
     """
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     groups: List[List[torch.nn.Parameter]] = []
-    cap = first_bucket_bytes if 0 < first_bucket_bytes < bucket_bytes else bucket_bytes
     current: List[torch.nn.Parameter] = []
     size = 0
     for p in reversed(list(params)):
         nbytes = p.numel() * p.element_size()
-        if current and (size + nbytes > cap or p.dtype != current[0].dtype):
+        if current and (size + nbytes > bucket_bytes or p.dtype != current[0].dtype):
             groups.append(current)
-            current, size, cap = [], 0, bucket_bytes
+            current, size = [], 0
         current.append(p)
         size += nbytes
     if current:

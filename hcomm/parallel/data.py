@@ -40,7 +40,7 @@ class GradSync:
     """Hook-driven, bucketed, weighted gradient all-reduce over one group."""
 
     def __init__(self, model: torch.nn.Module, group, *, weight: float, bucket_bytes: int,
-                 first_bucket_bytes: int = 0, carry_loss: bool = True):
+                 carry_loss: bool = True):
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"GradSync weight must be in [0, 1] (n_r / N), got {weight}")
         self.group = group
@@ -48,15 +48,13 @@ class GradSync:
         self.params = unique_trainable(list(model.parameters()))
         if not self.params:
             raise ValueError("GradSync: the model has no trainable parameters")
-        self.buckets: List[Bucket] = pack(self.params, bucket_bytes, first_bucket_bytes,
-                                          extra_slots=1 if carry_loss else 0)
+        self.buckets: List[Bucket] = pack(self.params, bucket_bytes, extra_slots=1 if carry_loss else 0)
         self._where = attach_grads(self.buckets)
         self._ready = [0] * len(self.buckets)
         self._works: List[Optional[object]] = [None] * len(self.buckets)
         self._next = 0              # buckets launch in index order on every rank
         self._accumulating = False
         self._local_loss = 0.0
-        self.launch_times: List[float] = []   # when each bucket left, for the overlap report
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
 
     # -- the step ---------------------------------------------------------------------------
@@ -72,7 +70,6 @@ class GradSync:
         self._works = [None] * len(self.buckets)
         self._next = 0
         self._local_loss = 0.0
-        self.launch_times = []
 
     @contextlib.contextmanager
     def accumulating(self):
@@ -144,5 +141,4 @@ class GradSync:
                 b.buffer.mul_(self.weight)
             self._works[self._next] = dist.all_reduce(b.buffer, op=dist.ReduceOp.SUM, group=self.group,
                                                       async_op=True)
-            self.launch_times.append(time.perf_counter())
             self._next += 1

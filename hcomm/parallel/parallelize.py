@@ -182,8 +182,8 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
         pm.outer = OuterSync(model, groups.hcomm, every=dp.sync_every, island_weight=island_samples / global_batch,
                              island_size=len(members), lr=dp.outer_lr, momentum=dp.outer_momentum,
                              overlap=dp.outer_overlap)
-        hcomm.set_compression(dp.compression, group=groups.hcomm)
     else:
         pm.sync = GradSync(model, groups.hcomm, weight=counts[rank] / global_batch, bucket_bytes=dp.bucket_bytes)
-        hcomm.set_compression(dp.compression, group=groups.hcomm)
+    # Only traffic between islands is compressed: every step's gradients, or the outer sync's deltas.
+    hcomm.set_compression(dp.compression, group=groups.hcomm)
     return pm

@@ -32,10 +32,20 @@ def _log(rank: int, text: str) -> None:
         print(f"hcomm train: {text}", flush=True)
 
 
-def _broadcast_object(obj, rank: int):
-    box = [obj if rank == 0 else None]
+def _on_rank0(fn, rank: int):
+    """``fn()`` on rank 0, its result on every rank; a ValueError there is raised on every rank
+    (the others must learn it, not wait out a timeout)."""
+    box = [None]
+    if rank == 0:
+        try:
+            box[0] = ("ok", fn())
+        except ValueError as e:
+            box[0] = ("error", str(e))
     dist.broadcast_object_list(box, src=0)
-    return box[0]
+    status, value = box[0]
+    if status == "error":
+        raise ValueError(value)
+    return value
 
 
 def load_data(args, rank: int):
@@ -45,17 +55,9 @@ def load_data(args, rank: int):
     def load():
         return load_tokens(args.data, tokenizer=args.tokenizer, vocab_size=args.vocab, max_bytes=args.data_bytes)
 
-    failure = None
-    if rank == 0:  # the others wait and read rank 0's cache instead of all training the tokenizer at once
-        try:
-            data = load()
-        except ValueError as e:
-            failure = str(e)
-    failure = _broadcast_object(failure, rank)
-    if failure is not None:
-        raise ValueError(failure)
-    if rank != 0:
-        data = load()
+    # Rank 0 trains the tokenizer and fills the cache; then every rank reads it (0.01 s on a hit).
+    _on_rank0(lambda: load().source, rank)
+    data = load()
     held_out = (args.eval_batches * args.global_batch + 1) * args.seq_len + 1
     if data.tokens.numel() < 4 * held_out:
         raise ValueError(f"the corpus has {data.tokens.numel()} tokens; {args.eval_batches} held-out batches of "
@@ -141,15 +143,7 @@ def plans_for(args, view, rank: int) -> List:
     from hcomm.parallel.plan import Plan
     from hcomm.train.plans import make_plans
 
-    payload = None
-    if rank == 0:
-        try:
-            payload = ("ok", [p.to_yaml() for p in make_plans(args, view)])
-        except ValueError as e:  # no plan can run: every rank must learn it, not wait for a timeout
-            payload = ("error", str(e))
-    status, texts = _broadcast_object(payload, rank)
-    if status == "error":
-        raise ValueError(texts)
+    texts = _on_rank0(lambda: [p.to_yaml() for p in make_plans(args, view)], rank)
     return [Plan.from_yaml(t).validate(view.world_size) for t in texts]
 
 

@@ -15,6 +15,7 @@ within seconds instead of holding the pool.
 import datetime
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given, settings
@@ -133,48 +134,26 @@ def _a2a_cases(beyond_int64):
     return st.lists(one(), min_size=1, max_size=12)
 
 
+# Entry point -> strategy.  The Python wrappers also see sizes beyond int64; the raw backend
+# bindings and torch's all_to_all_single take int64 only.  "/rows": 2^62 rows of 3 elements
+# would wrap, so the torch layer must refuse it in rows.
+ENTRY_POINTS = {
+    "all_gather_v": _v_cases(beyond_int64=True),
+    "reduce_scatter_v": _v_cases(beyond_int64=True),
+    "all_to_all_v": _a2a_cases(beyond_int64=True),
+    "backend.all_gather_v": _v_cases(beyond_int64=False),
+    "backend.reduce_scatter_v": _v_cases(beyond_int64=False),
+    "all_to_all_single": _a2a_cases(beyond_int64=False),
+    "all_to_all_single/rows": _a2a_cases(beyond_int64=False),
+}
+
+
 # Each example is one batch of up to 12 cases sent to the 4 workers at once.
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 @settings(max_examples=6, deadline=None)
-@given(cases=_v_cases(beyond_int64=True))
-def test_direct_all_gather_v_refuses_hostile_sizes(pool, cases):
-    _check(pool, "all_gather_v", cases)
-
-
-@settings(max_examples=6, deadline=None)
-@given(cases=_v_cases(beyond_int64=True))
-def test_direct_reduce_scatter_v_refuses_hostile_sizes(pool, cases):
-    _check(pool, "reduce_scatter_v", cases)
-
-
-@settings(max_examples=6, deadline=None)
-@given(cases=_a2a_cases(beyond_int64=True))
-def test_direct_all_to_all_v_refuses_hostile_splits(pool, cases):
-    _check(pool, "all_to_all_v", cases)
-
-
-@settings(max_examples=6, deadline=None)
-@given(cases=_v_cases(beyond_int64=False))
-def test_backend_all_gather_v_refuses_hostile_sizes_without_the_python_check(pool, cases):
-    _check(pool, "backend.all_gather_v", cases)
-
-
-@settings(max_examples=6, deadline=None)
-@given(cases=_v_cases(beyond_int64=False))
-def test_backend_reduce_scatter_v_refuses_hostile_sizes_without_the_python_check(pool, cases):
-    _check(pool, "backend.reduce_scatter_v", cases)
-
-
-@settings(max_examples=6, deadline=None)
-@given(cases=_a2a_cases(beyond_int64=False))
-def test_torch_all_to_all_single_refuses_hostile_splits(pool, cases):
-    _check(pool, "all_to_all_single", cases)
-
-
-@settings(max_examples=6, deadline=None)
-@given(cases=_a2a_cases(beyond_int64=False))
-def test_torch_all_to_all_single_refuses_hostile_row_splits(pool, cases):
-    # 2^62 rows of 3 elements would wrap; the torch layer must refuse it in rows.
-    _check(pool, "all_to_all_single/rows", cases)
+@given(data=st.data())
+def test_hostile_sizes_are_refused(pool, entry, data):
+    _check(pool, entry, data.draw(ENTRY_POINTS[entry]))
 
 
 def test_the_issue_sizes_on_every_entry_point(pool):
