@@ -59,6 +59,7 @@ class StepTimes:
     optimizer_s: float = 0.0
     outer_s: float = 0.0        # cross-island outer sync (0 on inner steps)
     step_s: float = 0.0
+    zero: dict = field(default_factory=dict)  # ZeRO: bytes moved, exposed and overlapped seconds (per unit)
     local_loss: float = float("nan")   # this rank's mean loss over its samples (nan with no samples)
     global_loss: float = float("nan")  # the plan's global-batch loss when the sync carried it
 
@@ -75,6 +76,7 @@ class ParallelModel:
     sync: Optional[GradSync] = None
     outer: Optional[OuterSync] = None
     ddp: Optional[torch.nn.Module] = None
+    zero: Optional[object] = None           # hcomm.parallel.zero.runner.ZeroRunner
     steps: int = 0
     notes: List[str] = field(default_factory=list)
 
@@ -83,6 +85,17 @@ class ParallelModel:
         times = StepTimes()
         start = time.perf_counter()
         rows = rows_for(self.offset, self.samples)
+        if self.zero is not None:
+            done = self.zero.step(rows, self.micro_batch, optimizer)
+            units = done.pop("units")
+            for key, value in done.items():
+                setattr(times, key, value)
+            times.zero = {key: sum(u[key] for u in units) for key in ("gather_bytes", "reduce_bytes",
+                                                                       "exposed_s", "overlapped_s")}
+            times.zero["units"] = units
+            self.steps += 1
+            times.step_s = time.perf_counter() - start
+            return times
         if self.ddp is not None:
             times.local_loss = self._ddp_forward_backward(rows)
             times.compute_s = time.perf_counter() - start
@@ -137,9 +150,13 @@ class ParallelModel:
                 loss.backward()
         return total
 
+    def parameters(self) -> List[torch.nn.Parameter]:
+        """What the optimizer steps: the model's parameters, or under ZeRO this rank's fp32 master shards."""
+        return self.zero.parameters() if self.zero is not None else list(self.model.parameters())
+
     def resplit(self, counts: List[int]) -> None:
         """New sample counts for every rank (same global batch); the gradient weights follow exactly."""
-        if self.outer is not None or self.ddp is not None:
+        if self.outer is not None or self.ddp is not None or self.zero is not None:
             raise ValueError("re-splitting the batch needs plain hcomm data parallelism (no outer sync, no DDP)")
         total = sum(counts)
         self.samples = counts[self.rank]
@@ -148,11 +165,17 @@ class ParallelModel:
 
     def finish(self) -> float:
         """After the last step: the outer sync brings every rank to the same parameters; seconds."""
+        if self.zero is not None:
+            start = time.perf_counter()
+            self.zero.finish()
+            return time.perf_counter() - start
         return self.outer.finish(self.steps) if self.outer is not None else 0.0
 
     def close(self) -> None:
         if self.sync is not None:
             self.sync.remove()
+        if self.zero is not None:
+            self.zero.engine.remove()
 
 
 def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelModel:
@@ -174,6 +197,11 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
         pm.ddp = DistributedDataParallel(model, process_group=groups.default)
         return pm
     global_batch = sum(counts)
+    if me.zero_stage > 0:
+        from hcomm.parallel.zero.runner import ZeroRunner
+
+        pm.zero = ZeroRunner(model, plan, groups, rank)
+        return pm
     if dp.sync_every > 1:
         members = groups.islands[groups.island_index]
         island_samples = sum(counts[r] for r in members)

@@ -65,6 +65,10 @@ class GroupPlan:
     rebalance_after: int = 0  # re-split the batch by compute measured in the first N steps (0 = never)
     micro_batches: int = 1
     schedule: str = "1f1b"
+    # ZeRO (read only when the ranks' zero_stage > 0)
+    zero_layout: str = "flat"  # "flat": shard over every rank; "island": shard inside islands, replicate across (HSDP)
+    prefetch: int = 1  # ZeRO-3: gathers issued this many units ahead, forward and backward (0 = on demand)
+    reshard_after_forward: bool = True  # ZeRO-3: free gathered units after forward (False: keep them for backward)
 
 
 @dataclass
@@ -276,6 +280,9 @@ def _group_table(groups: List[GroupPlan]) -> List[str]:
     if any(g.sync_every > 1 for g in groups):  # the outer optimizer only runs when syncs are spaced out
         columns.append(("outer lr/mom", [f"{g.outer_lr:g}/{g.outer_momentum:g}" + (" overlapped" if g.outer_overlap else "")
                                          for g in groups]))
+    if any((g.zero_layout, g.prefetch, g.reshard_after_forward) != ("flat", 1, True) for g in groups):
+        columns.append(("zero layout/prefetch", [f"{g.zero_layout}/{g.prefetch}" +
+                                                 ("" if g.reshard_after_forward else " keep") for g in groups]))
     if any((g.micro_batches, g.schedule) != (1, "1f1b") for g in groups):
         columns.append(("micro x schedule", [f"{g.micro_batches} x {g.schedule}" for g in groups]))
     return _table(columns)

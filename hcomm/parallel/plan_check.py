@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 
 COMPUTE_DTYPES = ("fp32", "bf16", "fp16", "fp8")
 BACKENDS = ("hcomm", "ddp-gloo")
+ZERO_LAYOUTS = ("flat", "island")
 # The wire formats hcomm.compress.parse accepts (its WIRE_DTYPES keys, kept in
 # step by a test); repeated here because hcomm.compress imports torch.
 WIRE_FORMATS = ("none", "fp32", "bf16", "fp16", "fp8e4m3", "fp8e5m2")
@@ -98,6 +99,7 @@ def check_plan(plan: Any, world_size: Optional[int]) -> None:
     for i, r in enumerate(plan.ranks):
         _check_rank(r, f"ranks[{i}]")
     _check_groups(plan.groups, len(plan.ranks))
+    _check_zero(plan)
 
 
 def _check_top(plan: Any) -> None:
@@ -220,6 +222,38 @@ def _check_group(g: Any, where: str, n_ranks: int) -> None:
         raise PlanError(f"{where}.outer_momentum: must be in [0, 1), got {g.outer_momentum}")
     if g.micro_batches < 1:
         raise PlanError(f"{where}.micro_batches: must be >= 1, got {g.micro_batches}")
+    if g.zero_layout not in ZERO_LAYOUTS:
+        raise PlanError(f"{where}.zero_layout: must be one of {', '.join(ZERO_LAYOUTS)}, got {g.zero_layout!r}")
+    if g.prefetch < 0:
+        raise PlanError(f"{where}.prefetch: must be >= 0 (0 = gather on demand), got {g.prefetch}")
+
+
+def _check_zero(plan: Any) -> None:
+    """One ZeRO stage for the whole job; shard fractions all given or all even, covering every element."""
+    stages = sorted({r.zero_stage for r in plan.ranks})
+    if len(stages) > 1:
+        by = ", ".join(f"rank {r.rank}: {r.zero_stage}" for r in plan.ranks)
+        raise PlanError(f"zero_stage: every rank must use the same ZeRO stage ({by})")
+    given = [r.shard_fraction is not None for r in plan.ranks]
+    if stages[0] == 0:
+        if any(given):
+            raise PlanError(f"ranks[{given.index(True)}].shard_fraction: set, but zero_stage is 0 (nothing is sharded)")
+        return
+    if plan.backend != "hcomm":
+        raise PlanError(f"zero_stage {stages[0]}: hcomm's ZeRO needs backend 'hcomm', not {plan.backend!r}")
+    dp = next((g for g in plan.groups if g.name == "dp"), None)
+    if dp is not None and dp.sync_every > 1:
+        raise PlanError(f"zero_stage {stages[0]}: ZeRO shards one optimizer over every rank; it cannot be combined "
+                        f"with sync_every {dp.sync_every} (islands stepping on their own)")
+    if any(given) and not all(given):
+        raise PlanError(f"ranks[{given.index(False)}].shard_fraction: missing; give every rank a shard_fraction "
+                        f"or none (even shards)")
+    if all(given) and (dp is None or dp.zero_layout == "flat"):
+        total = sum(r.shard_fraction for r in plan.ranks)
+        if abs(total - 1.0) > 1e-6:
+            listed = ", ".join(f"{r.shard_fraction:g}" for r in plan.ranks)
+            raise PlanError(f"shard fractions sum to {total:.9g} ({listed}); they must sum to 1 so that every "
+                            f"element of every sharded tensor has exactly one owner")
 
 
 def check_compression(text: str, where: str) -> None:

@@ -1,0 +1,1 @@
+"""Heterogeneous ZeRO: uneven shards sized by memory, prefetch, optimizer on shards, resharding checkpoints."""
