@@ -146,9 +146,26 @@ class ParallelModel:
             loss = causal_lm_loss(self.ddp, chunk, reduction="sum") / float(rows.shape[0] * self.seq_len)
             total += float(loss.detach())
             last = i == len(chunks) - 1
-            with (contextlib.nullcontext() if last else self.ddp.no_sync()):
+            if hasattr(self.ddp, "no_sync"):
+                with (contextlib.nullcontext() if last else self.ddp.no_sync()):
+                    loss.backward()
+            else:  # FSDP2: reduce-scatter every micro-batch (ZeRO-2/3 keep no whole gradients)
                 loss.backward()
         return total
+
+    def make_optimizer(self, build: Callable, lr: float) -> torch.optim.Optimizer:
+        """``build(params, lr)`` over what this rank steps; the ZeRO-1 baseline wraps it in torch's
+        ZeroRedundancyOptimizer."""
+        if self.plan.backend == "ddp-gloo" and self.plan.ranks[self.rank].zero_stage == 1:
+            from hcomm.parallel.zero.baseline import zero_redundancy_optimizer
+
+            return zero_redundancy_optimizer(self.model.parameters(), self.ddp.process_group, lr)
+        return build(self.parameters(), lr)
+
+    @property
+    def collective_eval(self) -> bool:
+        """FSDP2's forward gathers on every rank: then every rank must run the evaluation."""
+        return self.plan.backend == "fsdp2-gloo"
 
     def parameters(self) -> List[torch.nn.Parameter]:
         """What the optimizer steps: the model's parameters, or under ZeRO this rank's fp32 master shards."""
@@ -188,10 +205,15 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
     me = plan.ranks[rank]
     dp = plan.dp_group()
     pm = ParallelModel(model, plan, rank, counts[rank], offsets[rank], me.micro_batch, plan.seq_len)
-    if plan.backend == "ddp-gloo":
+    if plan.backend in ("ddp-gloo", "fsdp2-gloo"):
         if len(set(counts)) != 1:
-            raise ValueError(f"the ddp-gloo baseline averages over ranks and needs equal batches; "
+            raise ValueError(f"the {plan.backend} baseline averages over ranks and needs equal batches; "
                              f"the plan gives {counts}")
+        if plan.backend == "fsdp2-gloo":
+            from hcomm.parallel.zero.baseline import shard_with_fsdp2
+
+            pm.ddp = shard_with_fsdp2(model, groups.default, me.zero_stage)
+            return pm
         from torch.nn.parallel import DistributedDataParallel
 
         pm.ddp = DistributedDataParallel(model, process_group=groups.default)

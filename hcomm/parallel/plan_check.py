@@ -13,7 +13,7 @@ import typing
 from typing import Any, Dict, List, Optional
 
 COMPUTE_DTYPES = ("fp32", "bf16", "fp16", "fp8")
-BACKENDS = ("hcomm", "ddp-gloo")
+BACKENDS = ("hcomm", "ddp-gloo", "fsdp2-gloo")
 ZERO_LAYOUTS = ("flat", "island")
 # The wire formats hcomm.compress.parse accepts (its WIRE_DTYPES keys, kept in
 # step by a test); repeated here because hcomm.compress imports torch.
@@ -236,11 +236,18 @@ def _check_zero(plan: Any) -> None:
         raise PlanError(f"zero_stage: every rank must use the same ZeRO stage ({by})")
     given = [r.shard_fraction is not None for r in plan.ranks]
     if stages[0] == 0:
+        if plan.backend == "fsdp2-gloo":
+            raise PlanError("backend 'fsdp2-gloo' shards: give every rank zero_stage 2 or 3")
         if any(given):
             raise PlanError(f"ranks[{given.index(True)}].shard_fraction: set, but zero_stage is 0 (nothing is sharded)")
         return
-    if plan.backend != "hcomm":
-        raise PlanError(f"zero_stage {stages[0]}: hcomm's ZeRO needs backend 'hcomm', not {plan.backend!r}")
+    torch_stages = {"ddp-gloo": (1,), "fsdp2-gloo": (2, 3)}   # the torch baselines (zero/baseline.py)
+    if plan.backend in torch_stages:
+        if stages[0] not in torch_stages[plan.backend]:
+            raise PlanError(f"backend {plan.backend!r} runs ZeRO stage {torch_stages[plan.backend]}, not "
+                            f"{stages[0]} (ddp-gloo: ZeroRedundancyOptimizer; fsdp2-gloo: FSDP2)")
+        if any(given):
+            raise PlanError(f"backend {plan.backend!r} shards evenly; shard_fraction is hcomm's")
     dp = next((g for g in plan.groups if g.name == "dp"), None)
     if dp is not None and dp.sync_every > 1:
         raise PlanError(f"zero_stage {stages[0]}: ZeRO shards one optimizer over every rank; it cannot be combined "

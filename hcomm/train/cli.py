@@ -46,6 +46,12 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--resplit-after", type=int, default=3,
                    help="auto: re-split the batch by the compute measured in the first N steps (0 = never)")
     p.add_argument("--compress", default="none", help="inter-island wire format: none, bf16, fp16, fp8e4m3[:ef], ...")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded (uniform: torch's "
+                        "ZeroRedundancyOptimizer / FSDP2 with even shards)")
+    p.add_argument("--zero-layout", default="flat", choices=["flat", "island"],
+                   help="ZeRO shards over every rank (flat) or inside each island, replicated across (island)")
+    p.add_argument("--prefetch", type=int, default=1, help="ZeRO-3: gathers issued this many units ahead")
     p.add_argument("--profile-budget", type=float, default=10.0, help="seconds each rank may spend profiling")
     p.add_argument("--eval-batches", type=int, default=4, help="held-out batches for the final eval loss")
     p.add_argument("--json", default=None, help="write one record per step, the plans, machine and versions")
@@ -79,6 +85,11 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--resplit-after must be >= 0, got {args.resplit_after}")
     if args.sync_every < 1:
         p.error(f"--sync-every must be >= 1, got {args.sync_every}")
+    if args.prefetch < 0:
+        p.error(f"--prefetch must be >= 0, got {args.prefetch}")
+    if args.zero and args.sync_every > 1:
+        p.error(f"--zero {args.zero} shards one optimizer over every rank; it cannot run with --sync-every "
+                f"{args.sync_every}")
     if args.warmup_steps < 0 or args.warmup_steps >= args.steps:
         p.error(f"--warmup-steps must be in [0, steps), got {args.warmup_steps} with --steps {args.steps}")
     if args.data is not None and not os.access(args.data, os.R_OK):

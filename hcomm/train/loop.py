@@ -73,8 +73,8 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     from hcomm.train.data import GlobalBatches
 
     batches = GlobalBatches(train_tokens, plan.seq_len, plan.global_batch, seed=args.seed)
-    optimizer = make_optimizer(model.parameters(), args.lr)
     pm = parallelize(model, plan, groups)
+    optimizer = pm.make_optimizer(make_optimizer, args.lr)
     tokens_per_step = plan.global_batch * plan.seq_len
     mine: List[dict] = []
     resplit: dict = {}
@@ -90,6 +90,7 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
         _show(bar, rank, step, args.steps, t, tokens_per_step)
         if step + 1 == plan.dp_group().rebalance_after and step + 1 < args.steps:
             resplit = _resplit(pm, mine, plan, groups.default, rank, world)
+    del optimizer  # ZeRO: its shard state goes before finish() gathers whole parameters for the eval
     if mine:
         mine[-1]["outer_s"] += pm.finish()  # islands that sync every H steps agree before the eval
     dist.barrier(group=groups.default)
@@ -105,11 +106,12 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     gathered: List = [None] * world
     dist.all_gather_object(gathered, mine, group=groups.default)
     result.counts = [r[-1]["samples"] for r in gathered]
+    if rank == 0 or pm.collective_eval:
+        result.eval_loss = _evaluate(model, eval_tokens, args.eval_batches, plan.global_batch, plan.seq_len)
     if rank == 0:
         result.steps = _records(gathered, losses, tokens_per_step)
         walls = sorted(r["seconds"] for r in result.steps[args.warmup_steps:])
         result.measured_step_s = walls[len(walls) // 2]
-        result.eval_loss = _evaluate(model, eval_tokens, args.eval_batches, plan.global_batch, plan.seq_len)
     return result
 
 

@@ -14,14 +14,18 @@ can compare variants on the same cluster and data, e.g.
 Keys: ``bucket_mb``, ``sync_every``, ``compress``, ``shares`` (``equal`` or
 numbers separated by ``:``), ``overlap`` (1: the outer all-reduce runs behind
 the next inner steps), ``resplit`` (re-split the batch by the compute measured
-in the first N steps; 0 = never).
+in the first N steps; 0 = never), ``zero`` (ZeRO stage; also on ``uniform``:
+torch's ZeroRedundancyOptimizer or FSDP2), ``prefetch`` (ZeRO-3 gathers ahead).
+
+With ZeRO, ``auto`` sizes every rank's shard by the memory it has left after
+its activations and unsharded buffers; ``equal`` shards evenly.
 """
 from __future__ import annotations
 
 import os
 from typing import Dict, List, Tuple
 
-KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit")
+KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "zero", "prefetch")
 
 
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
@@ -35,8 +39,10 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
         if not sep or key not in KEYS:
             raise ValueError(f"--plan {entry}: {pin!r} is not KEY=VALUE with KEY one of {', '.join(KEYS)}")
         out[key] = value
-    if out and base not in ("auto", "equal"):
-        raise ValueError(f"--plan {entry}: pins apply to auto and equal only")
+    if set(out) - {"zero"} and base not in ("auto", "equal"):
+        raise ValueError(f"--plan {entry}: pins other than zero apply to auto and equal only")
+    if "zero" in out and out["zero"] not in ("0", "1", "2", "3"):
+        raise ValueError(f"--plan {entry}: zero must be 0, 1, 2 or 3, got {out['zero']!r}")
     return base, out
 
 
@@ -47,6 +53,11 @@ def compressions_asked(args) -> List[str]:
         _, pins = parse_entry(entry)
         found.add(pins.get("compress", args.compress))
     return sorted(found)
+
+
+def any_zero(args) -> bool:
+    """Whether some plan asked for shards ZeRO (then a rank need not hold the whole training state)."""
+    return any(_zero_stage(args, parse_entry(entry)[1]) for entry in args.plan.split(","))
 
 
 def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
@@ -61,7 +72,11 @@ def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
                 sync_every=int(pins.get("sync_every", args.sync_every)),
                 compression=pins.get("compress", args.compress),
                 outer_overlap=pins.get("overlap", "1" if args.outer_overlap else "0") in ("1", "true", "yes"),
-                rebalance_after=int(pins.get("resplit", args.resplit_after)))
+                rebalance_after=0 if _zero_stage(args, pins) else int(pins.get("resplit", args.resplit_after)))
+
+
+def _zero_stage(args, pins: Dict[str, str]) -> int:
+    return int(pins.get("zero", getattr(args, "zero", 0)))
 
 
 def make_plans(args, view) -> List:
@@ -86,13 +101,65 @@ def make_plans(args, view) -> List:
         else:
             plan = Plan.load(base)
             plan.name = plan.name or os.path.basename(base)
+        if base in ("auto", "equal", "uniform") and _zero_stage(args, pins):
+            apply_zero(plan, view, _zero_stage(args, pins), base, layout=getattr(args, "zero_layout", "flat"),
+                       prefetch=int(pins.get("prefetch", getattr(args, "prefetch", 1))))
         check_memory(plan, view)
         plans.append(plan)
     return plans
 
 
+def apply_zero(plan, view, stage: int, base: str, *, layout: str = "flat", prefetch: int = 1) -> None:
+    """Turn a data-parallel plan into a ZeRO one: stage, shard fractions, layout, prefetch."""
+    from hcomm.parallel.zero.memory import memory_fractions
+
+    dp = plan.dp_group()
+    for r in plan.ranks:
+        r.zero_stage = stage
+    if base == "uniform":
+        plan.backend = "fsdp2-gloo" if stage >= 2 else "ddp-gloo"
+        torch_name = "FSDP2 (fully_shard per piece, even shards)" if stage >= 2 else \
+            "DDP + ZeroRedundancyOptimizer"
+        plan.notes = [f"homogeneous baseline: equal batches, ZeRO-{stage} as torch does it: {torch_name} over gloo"]
+        return
+    dp.zero_layout, dp.prefetch = layout, prefetch
+    if base == "equal":
+        _predict_zero(plan, view)
+        return
+    counts = plan.batch_counts()
+    in_flight = [min(r.micro_batch or n, n) for r, n in zip(plan.ranks, counts)]
+    groups = [list(m) for m in view.islands] if layout == "island" else [list(range(plan.world_size))]
+    for members in groups:
+        fractions = memory_fractions(view.profiles, stage=stage, micro_samples=in_flight, prefetch=prefetch,
+                                     members=members)
+        for r, f in zip(members, fractions):
+            plan.ranks[r].shard_fraction = round(f, 6)
+        # exact sum after rounding: the remainder goes to the largest shard
+        largest = max(members, key=lambda r: plan.ranks[r].shard_fraction)
+        plan.ranks[largest].shard_fraction = round(
+            1.0 - sum(plan.ranks[r].shard_fraction for r in members if r != largest), 9)
+    if layout == "island" and view.island_names:   # memory.check_zero_fits counts shard groups by label
+        for r in plan.ranks:
+            r.island = r.island or view.island_names[view.island_of(r.rank)]
+    plan.notes.append(f"ZeRO-{stage} ({layout}): shards sized by the memory left after activations: "
+                      + ", ".join(f"rank {r.rank} {r.shard_fraction:.3f}" for r in plan.ranks))
+    _predict_zero(plan, view)
+
+
+def _predict_zero(plan, view) -> None:
+    from hcomm.parallel.planner.zero import zero_step_s
+
+    plan.predicted_step_s, note = zero_step_s(view, plan)
+    plan.notes.append(note)
+
+
 def check_memory(plan, view) -> None:
     """A plan whose samples in flight do not fit a rank's budget is refused before it runs."""
+    if plan.ranks[0].zero_stage and plan.backend == "hcomm":
+        from hcomm.parallel.zero.memory import check_zero_fits
+
+        check_zero_fits(plan, view.profiles, view.devices)
+        return
     counts = plan.batch_counts()
     for rank, (r, p) in enumerate(zip(plan.ranks, view.profiles)):
         in_flight = min(r.micro_batch or counts[rank], counts[rank])

@@ -77,35 +77,40 @@ def build(args, vocab_size: int):
     return build_model(config, vocab_size=vocab_size, seed=args.seed), config
 
 
-def optimizer_seconds(model, lr: float, reps: int = 3) -> float:
-    """Median AdamW step over this model's parameter shapes (on copies: training starts untouched)."""
-    params = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
-    for p in params:
-        p.grad = torch.zeros_like(p)
+def optimizer_seconds(model, lr: float, reps: int = 3, most_elements: int = 4 << 20) -> float:
+    """Median AdamW step over this model's parameter count, timed on at most ``most_elements``
+    elements and scaled (the fused step is linear in elements).  Bounded so that timing it never
+    needs the whole model's optimizer state: under ZeRO that state does not fit one rank."""
+    total = sum(p.numel() for p in model.parameters())
+    n = min(total, most_elements)
+    param = torch.nn.Parameter(torch.randn(n))
+    param.grad = torch.zeros_like(param)
     from hcomm.train.loop import make_optimizer
 
-    opt = make_optimizer(params, lr)
+    opt = make_optimizer([param], lr)
     times = []
     for _ in range(reps + 1):
         t = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - t)
-    del opt, params
-    return sorted(times[1:])[reps // 2]
+    del opt, param
+    return sorted(times[1:])[reps // 2] * total / n
 
 
-def check_state_fits(n_params: int, groups, rank: int, world: int) -> None:
+def check_state_fits(n_params: int, groups, rank: int, world: int, zero: int = 0) -> None:
     """Refuse before profiling (which itself needs memory) if some rank cannot hold the model's state.
 
     Plain data parallelism keeps parameters, gradients and AdamW's two fp32
     states on every rank: 16 bytes per fp32 parameter, counted from the config
-    before any model is built.  Every rank checks its own budget and every
-    rank learns who failed.
+    before any model is built.  Under ZeRO every rank still builds the whole
+    fp32 model once before sharding it (4 bytes per parameter); whether the
+    shards fit is checked per plan once the profiles are known.  Every rank
+    checks its own budget and every rank learns who failed.
     """
     from hcomm.parallel.devices import local_device_name
     from hcomm.parallel.profile import memory_budget
 
-    state = 16 * n_params
+    state = (4 if zero else 16) * n_params
     budget, _, source = memory_budget(_BASELINE_BYTES)
     mine = None if state <= budget else (rank, local_device_name(), budget, source)
     everyone: List = [None] * world
@@ -113,7 +118,9 @@ def check_state_fits(n_params: int, groups, rank: int, world: int) -> None:
     failed = [f for f in everyone if f is not None]
     if failed:
         r, device, budget, source = failed[0]
-        raise ValueError(f"the model does not fit rank {r} ({device}): parameters, gradients and AdamW state need "
+        what = "building the whole model before sharding it needs" if zero else \
+            "parameters, gradients and AdamW state need"
+        raise ValueError(f"the model does not fit rank {r} ({device}): {what} "
                          f"{state / 2**30:.2f} GiB; its memory budget is {budget / 2**30:.2f} GiB ({source}, after "
                          f"the process's own baseline)" + (f"; also ranks {[f[0] for f in failed[1:]]}"
                                                             if len(failed) > 1 else ""))
@@ -161,7 +168,10 @@ def run(args) -> int:
                    f"{train_tokens.numel():,} training tokens")
         from hcomm.models import get_config, param_count
 
-        check_state_fits(param_count(get_config(args.model), vocab_size=data.vocab_size), groups, rank, world)
+        from hcomm.train.plans import any_zero
+
+        check_state_fits(param_count(get_config(args.model), vocab_size=data.vocab_size), groups, rank, world,
+                         zero=any_zero(args))
         model, config = build(args, data.vocab_size)
         n_params = sum(p.numel() for p in model.parameters())
         _log(rank, f"model: {args.model}{' (Hugging Face)' if args.hf else ''}, {n_params / 1e6:.2f}M parameters")
