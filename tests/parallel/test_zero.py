@@ -143,3 +143,53 @@ def test_plan_checks_shard_fractions():
         zero_plan([0.5, 0.5], 4, 1, sync_every=4)
     with pytest.raises(PlanError, match="zero_layout: must be one of flat, island"):
         zero_plan([0.5, 0.5], 4, 1, zero_layout="ring")
+
+
+def _ckpt_plan(stage, fractions):
+    return zero_plan([0.5, 0.3, 0.2], 10, stage, fractions=fractions).to_yaml()
+
+
+@pytest.mark.parametrize("a, b", [
+    ((3, [0.2, 0.5, 0.3]), (3, [0.2, 0.5, 0.3])),      # same plan: resume is exact
+    ((3, [0.2, 0.5, 0.3]), (1, [0.6, 0.0, 0.4])),      # other stage, other fractions, one rank holds nothing
+    ((2, None), (3, [0.1, 0.1, 0.8])),
+])
+def test_checkpoint_resume_across_plans(pool3, tmp_path, a, b):
+    """2 AdamW steps, save, load into a fresh (deliberately different) model under another plan, 2 more:
+    the losses of uninterrupted training (AdamW's state is in the checkpoint, else step 3 would differ)."""
+    import numpy as np
+
+    from hcomm.parallel.zero import state
+
+    ref_losses, _ = dp_cases.reference(10, 4, optimizer="adamw")
+    path = str(tmp_path / "ckpt")
+    results = pool3.run(zero_cases.case_zero_resume, _ckpt_plan(*a), _ckpt_plan(*b), path, 2, 2)
+    for losses, _ in results:
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+    # and the checkpoint (after step 2) loads into one plain process
+    model = dp_cases.build()
+    extra = state.load_into_model(path, model)
+    assert extra["step"] == 2 and extra["optimizer"] == "AdamW"
+    ref_model = dp_cases.build()
+    opt = dp_cases.make_optimizer(ref_model.parameters(), "adamw")
+    data = dp_cases.batches(10)
+    for step in range(2):
+        opt.zero_grad()
+        ref_model.loss(data.global_batch_rows(step), reduction="mean").backward()
+        opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), atol=1e-5, err_msg=name)
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path, pool3):
+    from hcomm.models import LlamaConfig, build_model
+    from hcomm.parallel.zero import state
+
+    path = str(tmp_path / "ckpt")
+    pool3.run(zero_cases.case_zero_resume, _ckpt_plan(3, None), _ckpt_plan(3, None), path, 1, 0)
+    other = build_model(LlamaConfig(vocab_size=dp_cases.VOCAB, dim=32, n_layers=3, n_heads=4, max_seq_len=32))
+    with pytest.raises(ValueError, match="does not hold parameters \\['blocks.2"):
+        state.load_into_model(path, other)
+    wider = build_model(LlamaConfig(vocab_size=dp_cases.VOCAB, dim=64, n_layers=2, n_heads=4, max_seq_len=32))
+    with pytest.raises(ValueError, match="embed.weight has shape \\(97, 32\\), the model's is \\(97, 64\\)"):
+        state.load_into_model(path, wider)

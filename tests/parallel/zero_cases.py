@@ -59,3 +59,42 @@ def case_zero_error(ctx, plan_yaml: str, what: str):
         return None
     finally:
         dist.destroy_process_group()
+
+
+def case_zero_resume(ctx, plan_a: str, plan_b: str, path: str, steps_a: int, steps_b: int):
+    """Train ``steps_a`` AdamW steps under plan A, save, load into a fresh model under plan B, train on.
+    Returns (global losses of all steps, whole parameters at the end)."""
+    from hcomm.parallel.parallelize import parallelize
+    from hcomm.parallel.plan import Plan
+    from hcomm.parallel.zero import state
+
+    groups = _init(ctx, None)
+    try:
+        losses = []
+        for which, (text, first, count) in enumerate([(plan_a, 0, steps_a), (plan_b, steps_a, steps_b)]):
+            plan = Plan.from_yaml(text)
+            model = build()
+            if which == 1:
+                with torch.no_grad():      # a different start, so only the checkpoint can make it right
+                    for p in model.parameters():
+                        p.add_(1.0)
+            pm = parallelize(model, plan, groups)
+            opt = make_optimizer(pm.parameters(), "adamw")
+            if which == 1:
+                state.load(path, pm.zero.engine, opt, group=groups.default)
+            data = batches(plan.global_batch)
+            for step in range(first, first + count):
+                t = pm.train_step(lambda off, n, step=step: data.rows(step, off, n), opt)
+                part = torch.tensor([pm.samples / plan.global_batch * t.local_loss if pm.samples else 0.0],
+                                    dtype=torch.float64)
+                dist.all_reduce(part, group=groups.default)
+                losses.append(float(part))
+            if which == 0:
+                state.save(path, pm.zero.engine, opt, group=groups.default, extra={"step": first + count})
+            else:
+                pm.finish()
+                params = [p.detach().clone() for p in model.parameters()]
+            pm.close()
+        return losses, params
+    finally:
+        dist.destroy_process_group()
