@@ -48,8 +48,8 @@ SCENARIOS: Dict[str, dict] = {
 }
 
 
-def run(name: str, spec: dict, date: str) -> dict:
-    stem = os.path.join(RESULTS, f"train-dp-{name}-{date}")
+def run(name: str, spec: dict, date: str, prefix: str = "train-dp") -> dict:
+    stem = os.path.join(RESULTS, f"{prefix}-{name}-{date}")
     cmd = [sys.executable, "-m", "hcomm", "train", "--cluster", spec["cluster"], "--plan", spec["plan"],
            *spec["args"], "--json", stem + ".json", "--plot", stem + ".png"]
     print(f"== {name}: {' '.join(cmd[3:])}", flush=True)

@@ -28,6 +28,11 @@ class ClusterView:
     baseline_allreduce_s: Optional[AllReduceTime] = None  # the torch baseline's (gloo ring) for comparison
     island_names: List[str] = field(default_factory=list)
     compressed_allreduce_s: Dict[str, AllReduceTime] = field(default_factory=dict)  # by weak-tier wire format
+    # ZeRO's collectives, by the total bytes of the gathered (or reduced) buffer; every rank / per island
+    gather_s: Optional[AllReduceTime] = None
+    reduce_scatter_s: Optional[AllReduceTime] = None
+    island_gather_s: List[AllReduceTime] = field(default_factory=list)
+    island_reduce_scatter_s: List[AllReduceTime] = field(default_factory=list)
 
     def allreduce(self, compression: str = "none") -> AllReduceTime:
         """All-reduce time over every rank with ``compression`` on the weak tier."""
@@ -76,6 +81,17 @@ def interpolated(samples: Sequence[float]) -> AllReduceTime:
     return predict
 
 
+def sample_sharded(group, op: str) -> List[float]:
+    """Predicted seconds of ``all_gather_v`` or ``reduce_scatter_v`` of a buffer of ``SAMPLE_BYTES``
+    in total, shared evenly by the group's ranks (the comm layer's plan, as it would run it)."""
+    import torch.distributed as dist
+
+    import hcomm
+
+    n = dist.get_world_size(group)
+    return [float(hcomm.plan(op, max(4, b // n), group=group)["predicted_seconds"]) for b in SAMPLE_BYTES]
+
+
 def sample_compressed(group, compression: str) -> List[float]:
     """Predictions with ``compression`` on the group's weak tier (the cost model counts wire bytes)."""
     import hcomm
@@ -100,14 +116,19 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
     import hcomm
 
     topo = hcomm.topology(hcomm_group)
-    mine = sample_allreduce(island_group) if island_group is not None else [0.0] * len(SAMPLE_BYTES)
+    zeros = [0.0] * len(SAMPLE_BYTES)
+    mine = [sample_allreduce(island_group), sample_sharded(island_group, "all_gather_v"),
+            sample_sharded(island_group, "reduce_scatter_v")] if island_group is not None else [zeros] * 3
     gathered: List = [None] * dist.get_world_size(default_group)
     dist.all_gather_object(gathered, mine, group=default_group)
-    island_predictors = [interpolated(gathered[members[0]]) for members in topo.islands]
+    island_predictors = [[interpolated(gathered[members[0]][k]) for members in topo.islands] for k in range(3)]
     return ClusterView(
         devices=[r.device for r in topo.ranks], islands=[list(m) for m in topo.islands],
         profiles=list(profiles), allreduce_s=interpolated(sample_allreduce(hcomm_group)),
-        island_allreduce_s=island_predictors, optimizer_s=list(optimizer_s),
+        island_allreduce_s=island_predictors[0], optimizer_s=list(optimizer_s),
+        gather_s=interpolated(sample_sharded(hcomm_group, "all_gather_v")),
+        reduce_scatter_s=interpolated(sample_sharded(hcomm_group, "reduce_scatter_v")),
+        island_gather_s=island_predictors[1], island_reduce_scatter_s=island_predictors[2],
         baseline_allreduce_s=interpolated(sample_allreduce(hcomm_group, "ring")),
         island_names=[topo.ranks[m[0]].island for m in topo.islands],
         compressed_allreduce_s={c: interpolated(sample_compressed(hcomm_group, c))

@@ -49,8 +49,9 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded (uniform: torch's "
                         "ZeroRedundancyOptimizer / FSDP2 with even shards)")
-    p.add_argument("--zero-layout", default="flat", choices=["flat", "island"],
-                   help="ZeRO shards over every rank (flat) or inside each island, replicated across (island)")
+    p.add_argument("--zero-layout", default="auto", choices=["auto", "flat", "island"],
+                   help="ZeRO shards over every rank (flat) or inside each island, replicated across (island); "
+                        "auto: whichever the cost model predicts faster")
     p.add_argument("--prefetch", type=int, default=1, help="ZeRO-3: gathers issued this many units ahead")
     p.add_argument("--profile-budget", type=float, default=10.0, help="seconds each rank may spend profiling")
     p.add_argument("--eval-batches", type=int, default=4, help="held-out batches for the final eval loss")

@@ -169,7 +169,8 @@ def _records(per_rank: List[List[dict]], losses: List[float], tokens_per_step: i
         slowest = max(r["compute_s"] for r in ranks)
         split = [dict(compute_s=r["compute_s"],
                       idle_s=min(r["sync_wait_s"], slowest - r["compute_s"]) if r["sync_wait_s"] else 0.0,
-                      comm_s=0.0, optimizer_s=r["optimizer_s"], outer_s=r["outer_s"]) for r in ranks]
+                      comm_s=0.0, optimizer_s=r["optimizer_s"], outer_s=r["outer_s"],
+                      **({"zero": r["zero"]} if r.get("zero") else {})) for r in ranks]
         for s, r in zip(split, ranks):
             s["comm_s"] = max(0.0, r["sync_wait_s"] - s["idle_s"]) + r["outer_s"]
         records.append(dict(step=step, loss=loss, tokens=tokens_per_step,

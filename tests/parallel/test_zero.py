@@ -193,3 +193,32 @@ def test_checkpoint_of_another_model_is_refused(tmp_path, pool3):
     wider = build_model(LlamaConfig(vocab_size=dp_cases.VOCAB, dim=64, n_layers=2, n_heads=4, max_seq_len=32))
     with pytest.raises(ValueError, match="embed.weight has shape \\(97, 32\\), the model's is \\(97, 64\\)"):
         state.load_into_model(path, wider)
+
+
+def test_checkpoint_from_three_ranks_resumes_on_four(pool3, pool4, tmp_path):
+    """Saved by ZeRO-3 on 3 ranks (fractions 0.2/0.5/0.3), resumed by ZeRO-2 on 4 ranks (other shares and
+    fractions): the losses of uninterrupted training."""
+    import numpy as np
+
+    ref_losses, _ = dp_cases.reference(10, 4, optimizer="adamw")
+    path = str(tmp_path / "ckpt")
+    a = _ckpt_plan(3, [0.2, 0.5, 0.3])
+    b = zero_plan([0.4, 0.3, 0.2, 0.1], 10, 2, fractions=[0.1, 0.2, 0.3, 0.4]).to_yaml()
+    first = pool3.run(zero_cases.case_zero_resume, a, b, path, 2, 2, (0,))
+    second = pool4.run(zero_cases.case_zero_resume, a, b, path, 2, 2, (1,))
+    for (losses_a, _), (losses_b, _) in zip(first + first[:1], second):
+        np.testing.assert_allclose(losses_a + losses_b, ref_losses, rtol=1e-4)
+
+
+def test_fsdp2_over_hcomm_equals_hcomm_zero3_on_an_even_split(pool3):
+    """torch's own FSDP2 running on the hcomm backend and hcomm's ZeRO-3, same even split: same losses
+    (both are single-process training up to reduction order; 1e-5 relative, SGD)."""
+    import numpy as np
+
+    plan = zero_plan([1 / 3] * 3, 9, 3)
+    ours = pool3.run(zero_cases.case_zero_train, plan.to_yaml(), STEPS)
+    theirs = pool3.run(zero_cases.case_fsdp2_over_hcomm, plan.to_yaml(), STEPS)
+    ref_losses, _ = dp_cases.reference(9, STEPS)
+    for (losses, _, _), fsdp in zip(ours, theirs):
+        np.testing.assert_allclose(fsdp, losses, rtol=LOSS_RTOL)
+        np.testing.assert_allclose(fsdp, ref_losses, rtol=LOSS_RTOL)

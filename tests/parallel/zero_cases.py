@@ -61,17 +61,20 @@ def case_zero_error(ctx, plan_yaml: str, what: str):
         dist.destroy_process_group()
 
 
-def case_zero_resume(ctx, plan_a: str, plan_b: str, path: str, steps_a: int, steps_b: int):
+def case_zero_resume(ctx, plan_a: str, plan_b: str, path: str, steps_a: int, steps_b: int, phases=(0, 1)):
     """Train ``steps_a`` AdamW steps under plan A, save, load into a fresh model under plan B, train on.
-    Returns (global losses of all steps, whole parameters at the end)."""
+    ``phases`` (0 = train and save, 1 = load and train on) lets the two run in pools of other sizes.
+    Returns (global losses of the steps run, whole parameters at the end of phase 1)."""
     from hcomm.parallel.parallelize import parallelize
     from hcomm.parallel.plan import Plan
     from hcomm.parallel.zero import state
 
     groups = _init(ctx, None)
     try:
-        losses = []
+        losses, params = [], None
         for which, (text, first, count) in enumerate([(plan_a, 0, steps_a), (plan_b, steps_a, steps_b)]):
+            if which not in phases:
+                continue
             plan = Plan.from_yaml(text)
             model = build()
             if which == 1:
@@ -96,5 +99,31 @@ def case_zero_resume(ctx, plan_a: str, plan_b: str, path: str, steps_a: int, ste
                 params = [p.detach().clone() for p in model.parameters()]
             pm.close()
         return losses, params
+    finally:
+        dist.destroy_process_group()
+
+
+def case_fsdp2_over_hcomm(ctx, plan_yaml: str, steps: int):
+    """torch's FSDP2 (even shards) with the hcomm backend underneath: the global losses per step."""
+    from hcomm.parallel.plan import Plan
+    from hcomm.parallel.zero.baseline import shard_with_fsdp2
+
+    groups = _init(ctx, None)
+    try:
+        plan = Plan.from_yaml(plan_yaml)
+        model = shard_with_fsdp2(build(), groups.hcomm, 3)
+        opt = make_optimizer(model.parameters(), "sgd")
+        data = batches(plan.global_batch)
+        n = plan.global_batch // ctx.world
+        losses = []
+        for step in range(steps):
+            opt.zero_grad()
+            loss = model.loss(data.rows(step, ctx.rank * n, n), reduction="mean")
+            loss.backward()
+            opt.step()
+            part = torch.tensor([float(loss.detach()) / ctx.world], dtype=torch.float64)
+            dist.all_reduce(part, group=groups.default)
+            losses.append(float(part))
+        return losses
     finally:
         dist.destroy_process_group()

@@ -2,10 +2,10 @@
 
 Same measured parts as cost.py: per-piece forward/backward seconds of each
 rank (its profile; the pieces are ZeRO's units) and the comm layer's own
-all-reduce prediction over the shard group.  A reduce-scatter or an
-all-gather of B bytes is taken as half an all-reduce of B (a ring all-reduce
-is exactly one of each; hcomm's hierarchical one is a reduce-scatter, an
-inter-island exchange and an all-gather).
+predictions of ``all_gather_v`` and ``reduce_scatter_v`` over the shard
+group (sampled by ``cluster.discover``; half an all-reduce each where a view
+has none), plus, for the island layout, the all-reduce of each shard across
+islands.
 
 One round (micro-batch) is simulated on two streams, as the engine runs it:
 the gather stream issues unit j's gather ``prefetch`` units ahead of its
@@ -40,18 +40,48 @@ def _unit_times(view, plan) -> Tuple[List[float], List[float], int]:
     return fwd, bwd, rounds
 
 
+def _collective_times(view, dp):
+    """bytes of a unit -> seconds of its gather and of its gradient reduction, for the plan's layout.
+
+    The comm layer's own predictions of ``all_gather_v`` / ``reduce_scatter_v`` where the view
+    sampled them; otherwise half an all-reduce each (a ring all-reduce is one of each)."""
+    if dp.zero_layout == "flat":
+        gather = view.gather_s or (lambda b: 0.5 * view.allreduce_s(b))
+        scatter = view.reduce_scatter_s or (lambda b: 0.5 * view.allreduce(dp.compression)(b))
+        return gather, scatter
+    size = max(len(m) for m in view.islands)
+    inner_g = view.island_gather_s or [lambda b, f=f: 0.5 * f(b) for f in view.island_allreduce_s]
+    inner_r = view.island_reduce_scatter_s or [lambda b, f=f: 0.5 * f(b) for f in view.island_allreduce_s]
+    across = view.allreduce(dp.compression)   # each shard, with the same shard of the other islands
+    return (lambda b: max(f(b) for f in inner_g),
+            lambda b: max(f(b) for f in inner_r) + across(b // size))
+
+
+def choose_layout(view, plan) -> Tuple[str, List[str]]:
+    """Flat or island layout, whichever the cost model predicts faster (island needs equal islands)."""
+    import copy
+
+    sizes = {len(m) for m in view.islands}
+    if len(view.islands) < 2 or len(sizes) > 1:
+        return "flat", []
+    times = {}
+    for layout in ("flat", "island"):
+        trial = copy.deepcopy(plan)
+        trial.dp_group().zero_layout = layout
+        times[layout] = zero_step_s(view, trial)[0]
+    best = min(times, key=times.get)
+    other = "island" if best == "flat" else "flat"
+    return best, [f"ZeRO layout {best} predicted {times[best] * 1e3:.0f} ms, {other} {times[other] * 1e3:.0f} ms"]
+
+
 def zero_step_s(view, plan) -> Tuple[float, str]:
     """Predicted seconds per step of a ZeRO plan, and a one-line account of them."""
     stage = plan.ranks[0].zero_stage
     dp = plan.dp_group()
     layers = view.profiles[0].layers
-    if dp.zero_layout == "flat":
-        half = [0.5 * view.allreduce(dp.compression)(c.param_bytes) for c in layers]  # gather or reduce-scatter
-        reduce = half
-    else:   # inside the island, plus the all-reduce of each shard across islands
-        size = max(len(m) for m in view.islands)
-        half = [max(0.5 * f(c.param_bytes) for f in view.island_allreduce_s) for c in layers]
-        reduce = [h + view.allreduce(dp.compression)(c.param_bytes // size) for h, c in zip(half, layers)]
+    gather, scatter = _collective_times(view, dp)
+    half = [gather(c.param_bytes) for c in layers]
+    reduce = [scatter(c.param_bytes) for c in layers]
     fwd, bwd, rounds = _unit_times(view, plan)
     units = len(layers)
     ahead = dp.prefetch if stage == 3 else units
