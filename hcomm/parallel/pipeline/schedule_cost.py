@@ -1,0 +1,518 @@
+"""Predicted step time of a pipeline whose stages run at different speeds.
+
+The textbook bubble ``(p-1)/(M+p-1)`` assumes every stage takes the same
+time; on a mixed cluster they do not, so this module simulates the schedule
+instead.  Each rank runs its own ordered list of actions (``F``/``B`` of one
+micro-batch on one stage); an action starts when its rank is free and its
+input has arrived:
+
+- ``F(k, m)`` needs stage k-1's output of micro-batch m, moved across the
+  boundary (stage 0 reads its data at time 0);
+- ``B(k, m)`` needs stage k+1's input gradient of m, moved back (the last
+  stage needs only its own ``F(k, m)``: the loss is part of the head's cost).
+
+A transfer starts when its producer ends and its link is free: each ordered
+pair of ranks is one first-in-first-out channel (full duplex: the two
+directions are separate), so a slow link carrying many micro-batches becomes
+the bottleneck it really is.  Sends are asynchronous: the producer goes on
+computing.  The step ends when the last backward ends; the optimizer step,
+data loading and the loss reduction are not included.
+
+Schedules and the in-flight activations they imply (micro-batches whose
+forward has run on a stage and whose backward has not, per rank):
+
+==================  ====================================================
+``gpipe``           all forwards, then all backwards in the same order
+                    (torch ``ScheduleGPipe``); every stage holds M.
+``1f1b``            stage s of p runs ``min(p - s, M)`` forwards, then
+                    alternates one backward, one forward, then the rest of
+                    the backwards (torch ``Schedule1F1B``); stage s holds
+                    ``min(p - s, M)``.
+``interleaved-1f1b``  v stages per rank: stage k runs on rank ``k % p``.
+                    The order is torch's ``ScheduleInterleaved1F1B``
+                    (torch 2.13, ``_get_1f1b_rank_ops``): rounds
+                    ``R = max(1, M // p)``, ``mpr = M // R`` micro-batches per
+                    round, rank r first runs ``W_r = min((v-1)*mpr +
+                    2*(p-1-r), v*M)`` forwards, then pairs (F, B), then the
+                    remaining backwards.  Rank r holds at most
+                    ``min(W_r + 1, v*M)`` (stage, micro-batch) activations.
+==================  ====================================================
+
+``lower_bound`` gives proven lower bounds of the simulated time (dependency
+paths), which the partitioner prunes with; ``PipelineCosts`` turns device
+profiles, link times and memory budgets into the per-stage numbers above.
+
+torch requires ``M % R == 0`` for the interleaved schedule (its "flex"
+rule, which relaxes Megatron's ``M % p == 0``), and its ``Schedule1F1B``
+class refuses ``M < p``; the orders here are valid for any ``M >= 1`` and can
+be run as a custom ``pipeline_order``, so only the interleaved rule is
+enforced.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+class Action(NamedTuple):
+    """One step of a rank's order: forward or backward of one micro-batch on one stage."""
+    kind: str        # "F" or "B"
+    microbatch: int
+    stage: int       # pipeline (virtual) stage; runs on rank ``stage % num_ranks``
+
+
+def check_schedule(schedule: str, micro_batches: int, num_ranks: int, virtual_stages: int = 1) -> None:
+    """Raise ValueError unless ``schedule`` can run ``micro_batches`` on ``num_ranks`` ranks."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; supported: {', '.join(SCHEDULES)}")
+    if num_ranks < 1:
+        raise ValueError(f"a pipeline needs at least 1 rank, got {num_ranks}")
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    if schedule == "interleaved-1f1b":
+        if virtual_stages < 2:
+            raise ValueError(f"interleaved-1f1b needs virtual_stages >= 2 stages per rank, got {virtual_stages}; "
+                             f"with one stage per rank use 1f1b")
+        rounds = max(1, micro_batches // num_ranks)
+        if micro_batches % rounds:
+            ok = [m for m in range(max(1, micro_batches - num_ranks), micro_batches + num_ranks + 1)
+                  if m % max(1, m // num_ranks) == 0]
+            raise ValueError(f"interleaved-1f1b on {num_ranks} ranks cannot run {micro_batches} micro-batches: "
+                             f"torch's ScheduleInterleaved1F1B splits them into max(1, M // {num_ranks}) = "
+                             f"{rounds} rounds and needs M divisible by that (nearby allowed M: "
+                             f"{', '.join(map(str, ok))})")
+    elif virtual_stages != 1:
+        raise ValueError(f"{schedule} runs one stage per rank; virtual_stages must be 1, got {virtual_stages}")
+
+
+def allowed_micro_batches(schedule: str, micro_batches: int, num_ranks: int, virtual_stages: int = 1) -> bool:
+    try:
+        check_schedule(schedule, micro_batches, num_ranks, virtual_stages)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- orders
+
+def _gpipe(stage: int, m: int) -> List[Action]:
+    return [Action("F", i, stage) for i in range(m)] + [Action("B", i, stage) for i in range(m)]
+
+
+def _one_f_one_b(stage: int, p: int, m: int) -> List[Action]:
+    warmup = min(m, p - stage)
+    order = [Action("F", i, stage) for i in range(warmup)]
+    fwd, bwd = warmup, 0
+    while bwd < m:                      # torch's "1B1F": a backward, then the next forward if any
+        order.append(Action("B", bwd, stage))
+        bwd += 1
+        if fwd < m:
+            order.append(Action("F", fwd, stage))
+            fwd += 1
+    return order
+
+
+def interleaved_warmup(rank: int, p: int, m: int, v: int) -> int:
+    """Forwards rank ``rank`` runs before its first backward in torch's Interleaved1F1B."""
+    per_round = m // max(1, m // p)
+    return min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+
+
+def _interleaved(rank: int, p: int, m: int, v: int) -> List[Action]:
+    # A transcription of torch's ScheduleInterleaved1F1B._calculate_single_rank_operations and
+    # _get_1f1b_rank_ops (torch 2.13) without the no-op padding: the same actions in the same order.
+    per_round = m // max(1, m // p)
+    warmup = interleaved_warmup(rank, p, m, v)
+    steady = m * v - warmup
+    fwd_next: Dict[int, int] = {}
+    bwd_next: Dict[int, int] = {}
+    order: List[Action] = []
+
+    def forward(op: int) -> None:
+        stage = ((op // per_round) % v) * p + rank
+        fwd_next[stage] = fwd_next.get(stage, 0) + 1
+        order.append(Action("F", fwd_next[stage] - 1, stage))
+
+    def backward(op: int) -> None:
+        stage = (v - 1 - ((op - warmup) // per_round) % v) * p + rank
+        bwd_next[stage] = bwd_next.get(stage, 0) + 1
+        order.append(Action("B", bwd_next[stage] - 1, stage))
+
+    for op in range(warmup + steady + warmup):
+        if op < warmup:
+            forward(op)
+        elif op < warmup + steady:
+            forward(op)
+            backward(op)
+        else:
+            backward(op)
+    return order
+
+
+@lru_cache(maxsize=256)
+def _orders(schedule: str, p: int, m: int, v: int) -> Tuple[Tuple[Action, ...], ...]:
+    if schedule == "gpipe":
+        return tuple(tuple(_gpipe(s, m)) for s in range(p))
+    if schedule == "1f1b":
+        return tuple(tuple(_one_f_one_b(s, p, m)) for s in range(p))
+    return tuple(tuple(_interleaved(r, p, m, v)) for r in range(p))
+
+
+def action_orders(schedule: str, num_ranks: int, micro_batches: int, virtual_stages: int = 1) -> List[List[Action]]:
+    """Each rank's ordered actions (rank r = pipeline position r): what a runtime executes."""
+    check_schedule(schedule, micro_batches, num_ranks, virtual_stages)
+    return [list(order) for order in _orders(schedule, num_ranks, micro_batches, virtual_stages)]
+
+
+def stage_in_flight(orders: Sequence[Sequence[Action]], num_stages: int) -> List[int]:
+    """Most micro-batches each stage holds activations for at once (forward run, backward not yet)."""
+    peak = [0] * num_stages
+    for order in orders:
+        held: Dict[int, int] = {}
+        for a in order:
+            held[a.stage] = held.get(a.stage, 0) + (1 if a.kind == "F" else -1)
+            peak[a.stage] = max(peak[a.stage], held[a.stage])
+    return peak
+
+
+def rank_in_flight(orders: Sequence[Sequence[Action]], weights: Optional[Sequence[float]] = None) -> List[float]:
+    """Per rank, the peak over its order of the in-flight (stage, micro-batch) activations,
+    each weighted by ``weights[stage]`` (bytes per micro-batch); counts when ``weights`` is None."""
+    out = []
+    for order in orders:
+        held = peak = 0
+        for a in order:
+            w = 1 if weights is None else weights[a.stage]
+            held += w if a.kind == "F" else -w
+            peak = max(peak, held)
+        out.append(peak)
+    return out
+
+
+def in_flight_formula(schedule: str, rank: int, num_ranks: int, micro_batches: int, virtual_stages: int = 1) -> int:
+    """The closed forms of the module docstring (the tests check them against the orders)."""
+    p, m, v = num_ranks, micro_batches, virtual_stages
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(p - rank, m)
+    return min(interleaved_warmup(rank, p, m, v) + 1, v * m)
+
+
+# ---------------------------------------------------------------- simulation
+
+@dataclass
+class Simulation:
+    step_s: float
+    busy_s: List[float]            # per rank: seconds of forward + backward compute
+    peak_in_flight: List[int]      # per rank: (stage, micro-batch) activations held at once
+    orders: List[List[Action]]     # per rank, the order simulated
+    start_s: Dict[Action, float] = field(default_factory=dict)
+    end_s: Dict[Action, float] = field(default_factory=dict)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Share of rank-seconds spent idle: (p-1)/(M+p-1) for equal stages without transfers."""
+        if self.step_s <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy_s) / (len(self.busy_s) * self.step_s)
+
+
+def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[float], micro_batches: int,
+             schedule: str = "1f1b", virtual_stages: int = 1, grad_send_s: Optional[Sequence[float]] = None,
+             orders: Optional[Sequence[Sequence[Action]]] = None, timeline: bool = False) -> Simulation:
+    """Simulate one step.
+
+    ``fwd_s[k]``/``bwd_s[k]``: seconds of one micro-batch on stage k (``len = ranks * virtual_stages``;
+    stage k on rank ``k % ranks``).  ``send_s[k]``: seconds to move one micro-batch's activation from
+    stage k to k+1; ``grad_send_s[k]`` the gradient back (default: the same).  ``orders`` replaces the
+    schedule's own orders (the schedule then only names the rank count rule).  ``timeline`` keeps each
+    action's start and end.
+    """
+    stages = len(fwd_s)
+    v = virtual_stages
+    if stages < 1 or stages % v or len(bwd_s) != stages:
+        raise ValueError(f"need forward and backward seconds for ranks x {v} stages; got {len(fwd_s)} and {len(bwd_s)}")
+    if len(send_s) != stages - 1:
+        raise ValueError(f"{stages} stages have {stages - 1} boundaries; got {len(send_s)} send times")
+    grad = list(send_s) if grad_send_s is None else list(grad_send_s)
+    if len(grad) != stages - 1:
+        raise ValueError(f"{stages} stages have {stages - 1} boundaries; got {len(grad)} gradient send times")
+    p, m = stages // v, micro_batches
+    if orders is None:
+        check_schedule(schedule, m, p, v)
+        orders = _orders(schedule, p, m, v)
+
+    f_in: List[List[Optional[float]]] = [[0.0] * m] + [[None] * m for _ in range(stages - 1)]
+    b_in: List[List[Optional[float]]] = [[None] * m for _ in range(stages)]
+    f_end: List[List[Optional[float]]] = [[None] * m for _ in range(stages)]
+    channel_free: Dict[Tuple[int, int], float] = {}
+    free, busy, pos = [0.0] * p, [0.0] * p, [0] * p
+    starts: Dict[Action, float] = {}
+    ends: Dict[Action, float] = {}
+    last = 0.0
+
+    def deliver(target: List[Optional[float]], mb: int, ready: float, seconds: float, src: int, dst: int) -> None:
+        if src == dst or seconds <= 0:
+            target[mb] = ready
+            return
+        begin = max(ready, channel_free.get((src, dst), 0.0))  # FIFO: the sender's order is the link's order
+        channel_free[(src, dst)] = target[mb] = begin + seconds
+
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            order = orders[r]
+            while pos[r] < len(order):
+                a = order[pos[r]]
+                k, mb = a.stage, a.microbatch
+                if a.kind == "F":
+                    ready = f_in[k][mb]
+                elif f_end[k][mb] is None:   # a backward listed before its forward: an invalid order
+                    ready = None
+                else:
+                    ready = f_end[k][mb] if k == stages - 1 else b_in[k][mb]
+                if ready is None:
+                    break
+                begin = max(free[r], ready)
+                dur = fwd_s[k] if a.kind == "F" else bwd_s[k]
+                free[r] = end = begin + dur
+                busy[r] += dur
+                if a.kind == "F":
+                    f_end[k][mb] = end
+                    if k + 1 < stages:
+                        deliver(f_in[k + 1], mb, end, send_s[k], r, (k + 1) % p)
+                elif k > 0:
+                    deliver(b_in[k - 1], mb, end, grad[k - 1], r, (k - 1) % p)
+                if timeline:
+                    starts[a], ends[a] = begin, end
+                last = max(last, end)
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = ", ".join(f"rank {r} at {orders[r][pos[r]]}" for r in range(p) if pos[r] < len(orders[r]))
+            raise ValueError(f"the action order deadlocks: {stuck}")
+    return Simulation(last, busy, [int(x) for x in rank_in_flight(orders)], [list(o) for o in orders], starts, ends)
+
+
+def step_time(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[float], micro_batches: int,
+              schedule: str = "1f1b", virtual_stages: int = 1,
+              grad_send_s: Optional[Sequence[float]] = None) -> Tuple[float, List[float], List[int]]:
+    """(step seconds, per-rank busy seconds, per-rank peak in-flight micro-batches); see ``simulate``."""
+    sim = simulate(fwd_s, bwd_s, send_s, micro_batches, schedule, virtual_stages, grad_send_s)
+    return sim.step_s, sim.busy_s, sim.peak_in_flight
+
+
+# ---------------------------------------------------------------- lower bounds
+
+def path_terms(schedule: str, stage: int, num_ranks: int, micro_batches: int, f: float, b: float) -> Tuple[float, float]:
+    """(one, two) for stage s of p (one stage per rank, forward f and backward b per micro-batch):
+    with A the work and transfers of the stages before s and RT the round trip of one micro-batch
+    from s to the last stage and back (their work and transfers), ``T >= A + RT + one`` and
+    ``T >= A + 2*RT + two``.  Both are paths through the dependency graph:
+
+    - ``one``: the stage's last forward waits for every action before it in its order, then its
+      micro-batch makes the round trip; or its first backward waits for micro-batch 0's round trip
+      and every later action follows it.  GPipe: (M-1)*max(f, b); 1F1B past its warm-up of
+      W = min(p-s, M): max((M-1)f + (M-W)b, (M-1)b + (M-W)f);
+    - ``two`` (1F1B, M > W): forward W+j follows backward j, which waits for micro-batch j's round
+      trip, so the last forward waits two round trips: (M-W-1)*(f+b); -inf where there is no such path.
+    """
+    m, warm = micro_batches, min(num_ranks - stage, micro_batches)
+    if schedule == "1f1b" and m > warm:
+        return max((m - 1) * f + (m - warm) * b, (m - 1) * b + (m - warm) * f), (m - warm - 1) * (f + b)
+    return (m - 1) * max(f, b), -math.inf
+
+
+def lower_bound(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[float], micro_batches: int,
+                schedule: str = "1f1b", virtual_stages: int = 1, grad_send_s: Optional[Sequence[float]] = None) -> float:
+    """A proven lower bound of ``simulate(...).step_s`` (same arguments), from dependency paths only:
+
+    - rank r: ``A_r + M * (its stages' f + b)``: it cannot start before micro-batch 0 reaches its first
+      stage (A_r: the work and transfers of the stages before it), and after its last backward the
+      gradient still crosses those stages;
+    - boundary k: ``A_k + f_k + b_k + max(M*cf + cb, cf + M*cb)``: M transfers each way on a FIFO link;
+    - one stage per rank: ``path_terms``; GPipe, every stage running all forwards before any
+      backward: ``sum(f + b + transfers) + (M-1) * (max f + max b)``.
+    """
+    stages, v, m = len(fwd_s), virtual_stages, micro_batches
+    p = stages // v
+    grad = list(send_s) if grad_send_s is None else list(grad_send_s)
+    if p == 1:   # every stage on one rank: nothing crosses a link (as in simulate)
+        send_s, grad = [0.0] * (stages - 1), [0.0] * (stages - 1)
+    w = [f + b for f, b in zip(fwd_s, bwd_s)]
+    hop = [cf + cb for cf, cb in zip(send_s, grad)] + [0.0]
+    trip = [0.0] * (stages + 1)
+    for k in range(stages - 1, -1, -1):
+        trip[k] = w[k] + hop[k] + trip[k + 1]
+    bound = A = 0.0
+    for k in range(stages):
+        if k < p:
+            bound = max(bound, A + m * sum(w[k::p]))
+        if k < stages - 1:
+            bound = max(bound, A + w[k] + max(m * send_s[k] + grad[k], send_s[k] + m * grad[k]))
+        if v == 1:
+            one, two = path_terms(schedule, k, p, m, fwd_s[k], bwd_s[k])
+            bound = max(bound, A + trip[k] + one, A + 2 * trip[k] + two)
+        A += w[k] + hop[k]
+    if schedule == "gpipe":
+        bound = max(bound, A + (m - 1) * (max(fwd_s) + max(bwd_s)))
+    return bound
+
+
+# ---------------------------------------------------------------- costs of a partition, from profiles
+
+MiB = 1 << 20
+LinkTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds to send from a to b
+
+
+class PipelineCosts:
+    """Validated inputs, and the cost of every (device, piece range) and link at one micro-batch size.
+
+    ``profiles``: one ``DeviceProfile`` per stage device (pieces = ``model.layer_modules()``); times
+    scale linearly from each profile's measured ``micro_batch`` to ``micro_batch`` samples, as
+    ``DeviceProfile.compute_s`` assumes.  A candidate is ``cuts`` (``cuts[k]``: first piece of stage k,
+    then the piece count) and ``devs`` (``devs[r]``: index into ``profiles`` of pipeline position r);
+    stage k runs on position ``k % ranks``.  Memory of a position: parameters, gradients and AdamW
+    state of its pieces, plus activation bytes per sample x micro-batch x micro-batches in flight at
+    its peak (from the schedule's order); input buffers and workspace are not modelled.
+    """
+
+    def __init__(self, profiles: Sequence, micro_batches: int, micro_batch: int, schedule: str = "1f1b",
+                 virtual_stages: int = 1, boundary_bytes: Union[int, Sequence[int]] = 0, link_s: Optional[LinkTime] = None,
+                 budgets: Optional[Sequence[int]] = None, order: Optional[Sequence[int]] = None, check_memory: bool = True):
+        p = len(profiles)
+        if p < 1:
+            raise ValueError("a pipeline needs at least one stage device")
+        check_schedule(schedule, micro_batches, p, virtual_stages)
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1 sample, got {micro_batch}")
+        names = [c.name for c in profiles[0].layers]
+        for q in profiles[1:]:
+            if [c.name for c in q.layers] != names:
+                raise ValueError(f"rank {q.rank} ({q.device}) profiles pieces {[c.name for c in q.layers]}; "
+                                 f"rank {profiles[0].rank} profiles {names}")
+        n, K = len(names), p * virtual_stages
+        if K > n:
+            raise ValueError(f"{K} pipeline stages ({p} devices x {virtual_stages} per device) but the model has only "
+                             f"{n} pieces; every stage needs at least one")
+        self.boundary = [int(boundary_bytes)] * (n - 1) if isinstance(boundary_bytes, int) else list(boundary_bytes)
+        if len(self.boundary) != n - 1:
+            raise ValueError(f"boundary_bytes: {n} pieces have {n - 1} cuts, got {len(self.boundary)} values")
+        self.budget = [int(b) for b in (budgets if budgets is not None else [q.memory_budget_bytes for q in profiles])]
+        if len(self.budget) != p:
+            raise ValueError(f"{p} stage devices but {len(self.budget)} memory budgets")
+        if order is not None and sorted(order) != list(range(p)):
+            raise ValueError(f"order must list each of the {p} stage devices (0..{p - 1}) once, got {list(order)}")
+        self.profiles, self.names, self.p, self.n, self.K = list(profiles), names, p, n, K
+        self.M, self.mb, self.schedule, self.v = micro_batches, micro_batch, schedule, virtual_stages
+        self.order = list(order) if order is not None else None
+        self.link_fn = link_s or (lambda a, b, nbytes: 0.0)
+        self.orders = _orders(schedule, p, micro_batches, virtual_stages)
+        self.peak = stage_in_flight(self.orders, K)        # per stage: micro-batches in flight at its peak
+        self.f, self.b, self.state, self.act = [], [], [], []
+        for q in profiles:
+            scale = micro_batch / q.micro_batch
+            self.f.append(prefix_sums([c.fwd_s * scale for c in q.layers]))
+            self.b.append(prefix_sums([c.bwd_s * scale for c in q.layers]))
+            self.state.append(prefix_sums([c.param_bytes + c.grad_bytes + c.optim_bytes for c in q.layers]))
+            self.act.append(prefix_sums([c.act_bytes_per_sample * micro_batch for c in q.layers]))
+        self._links: Dict[Tuple[int, int, int], float] = {}
+        if check_memory:
+            self._check_one_piece_fits()
+
+    def w(self, d: int, i: int, e: int) -> float:
+        return self.f[d][e] - self.f[d][i] + self.b[d][e] - self.b[d][i]
+
+    def link(self, a: int, b: int, cut: int) -> float:
+        """Seconds to send one micro-batch's tensor at ``cut`` (the next stage's first piece) from a to b."""
+        key = (a, b, self.boundary[cut - 1] * self.mb)
+        if key not in self._links:
+            ranks = (self.profiles[a].rank, self.profiles[b].rank)
+            self._links[key] = 0.0 if a == b else float(self.link_fn(*ranks, key[2]))
+        return self._links[key]
+
+    def mem(self, d: int, i: int, e: int, stage: int) -> int:
+        return self.state[d][e] - self.state[d][i] + (self.act[d][e] - self.act[d][i]) * self.peak[stage]
+
+    def _check_one_piece_fits(self) -> None:
+        for d in range(self.p):
+            pos = self.order.index(d) if self.order is not None else d
+            least = min(self.peak[pos::self.p] if self.order is not None else self.peak)
+            need, j = min((self.state[d][j + 1] - self.state[d][j] + (self.act[d][j + 1] - self.act[d][j]) * least, j)
+                          for j in range(self.n))
+            if need > self.budget[d]:
+                q = self.profiles[d]
+                raise ValueError(f"stage {pos} (rank {q.rank}, {q.device}): the smallest piece ({self.names[j]}) needs "
+                                 f"{need / MiB:.1f} MiB with {least} micro-batch(es) of {self.mb} in flight, budget "
+                                 f"{self.budget[d] / MiB:.1f} MiB")
+
+    def infeasible(self) -> ValueError:
+        return ValueError(f"no partition of the {self.n} pieces over {self.K} stages fits memory with {self.schedule}, "
+                          f"{self.M} micro-batches of {self.mb}: parameters+gradients+AdamW state total "
+                          f"{self.state[0][-1] / MiB:.1f} MiB and activations {self.act[0][-1] / MiB:.1f} MiB per "
+                          f"micro-batch (times those in flight), against budgets of "
+                          f"{', '.join(f'{b / MiB:.1f}' for b in self.budget)} MiB")
+
+    # --- one complete candidate: cuts[k] = first piece of stage k; devs[r] = device at position r ---
+
+    def stage_costs(self, cuts: Sequence[int], devs: Sequence[int]):
+        dev = [devs[k % self.p] for k in range(self.K)]
+        fwd = [self.f[dev[k]][cuts[k + 1]] - self.f[dev[k]][cuts[k]] for k in range(self.K)]
+        bwd = [self.b[dev[k]][cuts[k + 1]] - self.b[dev[k]][cuts[k]] for k in range(self.K)]
+        cf = [self.link(dev[k], dev[k + 1], cuts[k + 1]) for k in range(self.K - 1)]
+        cb = [self.link(dev[k + 1], dev[k], cuts[k + 1]) for k in range(self.K - 1)]
+        return dev, fwd, bwd, cf, cb
+
+    def memory(self, cuts: Sequence[int], devs: Sequence[int]) -> List[int]:
+        p = self.p
+        act = [self.act[devs[k % p]][cuts[k + 1]] - self.act[devs[k % p]][cuts[k]] for k in range(self.K)]
+        peaks = rank_in_flight(self.orders, act)
+        return [int(peaks[r]) + sum(self.state[devs[r]][cuts[k + 1]] - self.state[devs[r]][cuts[k]]
+                                    for k in range(r, self.K, p)) for r in range(p)]
+
+    def bound(self, cuts: Sequence[int], devs: Sequence[int]) -> float:
+        _, fwd, bwd, cf, cb = self.stage_costs(cuts, devs)
+        return lower_bound(fwd, bwd, cf, self.M, self.schedule, self.v, cb)
+
+    def simulate(self, cuts: Sequence[int], devs: Sequence[int]) -> float:
+        _, fwd, bwd, cf, cb = self.stage_costs(cuts, devs)
+        return simulate(fwd, bwd, cf, self.M, self.schedule, self.v, cb, orders=self.orders).step_s
+
+
+def prefix_sums(values: Sequence[float]) -> list:
+    """[0, v0, v0+v1, ...]: the cost of pieces [i, e) is out[e] - out[i]."""
+    out = [0]
+    for x in values:
+        out.append(out[-1] + x)
+    return out
+
+
+def interchangeable(costs: PipelineCosts) -> List[List[int]]:
+    """Classes of devices (indices into the profiles) any two of which can swap places in any
+    pipeline without changing any cost: same per-piece costs and budget, same links to every other
+    device (and both ways between them).  Swaps compose, so each class is closed under them."""
+    link = costs.link
+    byte_cuts = list({costs.boundary[j - 1]: j for j in range(1, costs.n)}.values())  # a cut per distinct size
+
+    def swappable(a: int, b: int) -> bool:
+        if any(x[a] != x[b] for x in (costs.f, costs.b, costs.state, costs.act, costs.budget)):
+            return False
+        return all(link(a, b, j) == link(b, a, j) and
+                   all((link(a, c, j), link(c, a, j)) == (link(b, c, j), link(c, b, j))
+                       for c in range(costs.p) if c not in (a, b)) for j in byte_cuts)
+
+    classes: List[List[int]] = []
+    for d in range(costs.p):
+        home = next((cls for cls in classes if swappable(cls[0], d)), None)
+        if home is None:
+            classes.append([d])
+        else:
+            home.append(d)
+    return classes
