@@ -29,7 +29,7 @@ from bench_dp import RESULTS, SMALL, _runs, run  # noqa: E402
 
 SCENARIOS: Dict[str, dict] = {
     "prefetch": dict(cluster="two-islands", plan="equal@zero=3@prefetch=2,equal@zero=3@prefetch=0",
-                     args=SMALL + ["--global-batch", "16", "--steps", "8", "--profile-budget", "4",
+                     args=SMALL + ["--global-batch", "48", "--steps", "8", "--profile-budget", "4",
                                    "--zero-layout", "flat"]),
     "prefetch-island": dict(cluster="two-islands", plan="equal@zero=3@prefetch=2,equal@zero=3@prefetch=0",
                             args=SMALL + ["--global-batch", "32", "--steps", "8", "--profile-budget", "4",
