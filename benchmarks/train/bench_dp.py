@@ -128,31 +128,37 @@ def verdicts(name: str, doc: dict) -> List[str]:
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="run only these scenarios")
+def run_scenarios(title: str, script: str, prefix: str, scenarios: Dict[str, dict], verdicts_of) -> int:
+    """The command line of a scenario benchmark: run ``--only`` these (or all), one dated markdown."""
+    p = argparse.ArgumentParser(description=title)
+    p.add_argument("--only", action="append", choices=sorted(scenarios), help="run only these scenarios")
     args = p.parse_args()
     date = datetime.date.today().isoformat()
     os.makedirs(RESULTS, exist_ok=True)
-    names = args.only or list(SCENARIOS)
-    lines = [f"# Heterogeneous data parallelism on the emulator, {date}", "",
+    names = args.only or list(scenarios)
+    lines = [f"# {title}, {date}", "",
              f"Machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores; "
-             f"Python {platform.python_version()}.  Produced by `benchmarks/train/bench_dp.py`; "
+             f"Python {platform.python_version()}.  Produced by `benchmarks/train/{script}`; "
              "every scenario is one `hcomm train` run (plans side by side in the same processes, same data).", ""]
+    path = os.path.join(RESULTS, f"{prefix}-{date}.md" if not args.only else f"{prefix}-{'-'.join(names)}-{date}.md")
     for name in names:
-        doc = run(name, SCENARIOS[name], date)
+        doc = run(name, scenarios[name], date, prefix=prefix)
         env = doc["environment"]
-        lines += [f"## {name}: `{SCENARIOS[name]['cluster']}`, plans `{SCENARIOS[name]['plan']}`", "",
+        lines += [f"## {name}: `{scenarios[name]['cluster']}`, plans `{scenarios[name]['plan']}`", "",
                   f"torch {env['torch']}, hcomm {env['hcomm']}, model {doc['model']['name']} "
                   f"({doc['model']['parameters'] / 1e6:.1f}M parameters), data {doc['data']['source']}; "
-                  f"JSON and plot: `train-dp-{name}-{date}.json/.png`", ""]
-        lines += [f"- {v}" for v in verdicts(name, doc)]
+                  f"JSON and plot: `{prefix}-{name}-{date}.json/.png`", ""]
+        lines += [f"- {v}" for v in verdicts_of(name, doc)]
         lines += ["", "```", *doc["log_tail"], "```", ""]
-        path = os.path.join(RESULTS, f"train-dp-{date}.md" if not args.only else f"train-dp-{'-'.join(names)}-{date}.md")
-        with open(path, "w") as f:
+        with open(path, "w") as f:   # after every scenario: a later failure keeps what was measured
             f.write("\n".join(lines) + "\n")
     print(f"wrote {path}")
     return 0
+
+
+def main() -> int:
+    return run_scenarios("Heterogeneous data parallelism on the emulator", "bench_dp.py", "train-dp", SCENARIOS,
+                         verdicts)
 
 
 if __name__ == "__main__":

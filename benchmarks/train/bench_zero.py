@@ -17,15 +17,12 @@ scenario).  Needs root for the emulator.  The capacity search is
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
 import sys
 from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_dp import RESULTS, SMALL, _runs, run  # noqa: E402
+from bench_dp import SMALL, _runs, run_scenarios  # noqa: E402
 
 SCENARIOS: Dict[str, dict] = {
     "prefetch": dict(cluster="two-islands", plan="equal@zero=3@prefetch=2,equal@zero=3@prefetch=0",
@@ -79,30 +76,7 @@ def verdicts(name: str, doc: dict) -> List[str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", action="append", choices=sorted(SCENARIOS), help="run only these scenarios")
-    args = p.parse_args()
-    date = datetime.date.today().isoformat()
-    os.makedirs(RESULTS, exist_ok=True)
-    names = args.only or list(SCENARIOS)
-    lines = [f"# Heterogeneous ZeRO on the emulator, {date}", "",
-             f"Machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores; "
-             f"Python {platform.python_version()}.  Produced by `benchmarks/train/bench_zero.py`; "
-             "every scenario is one `hcomm train` run (plans side by side in the same processes, same data).", ""]
-    path = os.path.join(RESULTS, f"train-zero-{date}.md" if not args.only else f"train-zero-{'-'.join(names)}-{date}.md")
-    for name in names:
-        doc = run(name, SCENARIOS[name], date, prefix="train-zero")
-        env = doc["environment"]
-        lines += [f"## {name}: `{SCENARIOS[name]['cluster']}`, plans `{SCENARIOS[name]['plan']}`", "",
-                  f"torch {env['torch']}, hcomm {env['hcomm']}, model {doc['model']['name']} "
-                  f"({doc['model']['parameters'] / 1e6:.1f}M parameters); JSON and plot: "
-                  f"`train-zero-{name}-{date}.json/.png`", ""]
-        lines += [f"- {v}" for v in verdicts(name, doc)]
-        lines += ["", "```", *doc["log_tail"], "```", ""]
-        with open(path, "w") as f:
-            f.write("\n".join(lines) + "\n")
-    print(f"wrote {path}")
-    return 0
+    return run_scenarios("Heterogeneous ZeRO on the emulator", "bench_zero.py", "train-zero", SCENARIOS, verdicts)
 
 
 if __name__ == "__main__":

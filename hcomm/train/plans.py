@@ -191,10 +191,13 @@ def _predict_zero(plan, view) -> None:
 
 def check_memory(plan, view) -> None:
     """A plan whose samples in flight do not fit a rank's budget is refused before it runs."""
-    if plan.ranks[0].zero_stage and plan.backend == "hcomm":
-        from hcomm.parallel.zero.memory import check_zero_fits
+    if plan.ranks[0].zero_stage:
+        if plan.backend == "hcomm":
+            from hcomm.parallel.zero.memory import check_zero_fits
 
-        check_zero_fits(plan, view.profiles, view.devices)
+            check_zero_fits(plan, view.profiles, view.devices)
+        # torch's ZeRO baselines keep their own layout: what they need is what they really use
+        # (a rank that runs out is OOM-killed and reported by the emulator), not hcomm's model of it
         return
     counts = plan.batch_counts()
     for rank, (r, p) in enumerate(zip(plan.ranks, view.profiles)):

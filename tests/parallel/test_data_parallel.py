@@ -17,27 +17,12 @@ to lr per element, so with AdamW only the losses are compared (1e-4 rel).
 """
 import pytest
 
-from tests.helpers.mp import Pool
 from tests.parallel import dp_cases
 from hcomm.parallel.plan import GroupPlan, Plan
 
 STEPS = 4
 PARAM_ATOL = 2e-5
 LOSS_RTOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def pool3():
-    p = Pool(3, setup="bare")
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def pool4():
-    p = Pool(4, setup="bare")
-    yield p
-    p.close()
 
 
 def _plan(shares, global_batch, **group):

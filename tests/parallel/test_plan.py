@@ -21,11 +21,13 @@ def full_plan() -> Plan:
              RankPlan(1, 0.4, device="V100", island="a", compute_dtype="fp16", stage=1, layers=(3, 8), tp_group=1,
                       tp_fraction=0.25, zero_stage=3, shard_fraction=0.3),
              RankPlan(2, 0.0, device="910B", island="b", compute_dtype="fp8", stage=2, layers=(8, 9), tp_group=2,
-                      tp_fraction=0.5, zero_stage=1, shard_fraction=0.0)]
-    groups = [GroupPlan("dp", [0, 1, 2], bucket_bytes=4 * 2**20, compression="fp8e4m3:ef", sync_every=8,
-                        outer_lr=0.5, outer_momentum=0.8, micro_batches=4, schedule="gpipe"),
-              GroupPlan("island:a", [0, 1], bucket_bytes=2048, compression="bf16")]
-    return Plan(64, 256, ranks, groups, name="auto", backend="ddp-gloo", predicted_step_s=1.25,
+                      tp_fraction=0.5, zero_stage=3, shard_fraction=0.0)]
+    # ZeRO runs one optimizer over every rank, so the cross-island sync period sits on another group here
+    groups = [GroupPlan("dp", [0, 1, 2], bucket_bytes=4 * 2**20, compression="fp8e4m3:ef", micro_batches=4,
+                        schedule="gpipe", zero_layout="island", prefetch=2, reshard_after_forward=False),
+              GroupPlan("island:a", [0, 1], bucket_bytes=2048, compression="bf16", sync_every=8, outer_lr=0.5,
+                        outer_momentum=0.8)]
+    return Plan(64, 256, ranks, groups, name="auto", predicted_step_s=1.25,
                 notes=["beat uniform: 2.1 s", "island b only reduces"]).validate()
 
 
@@ -44,7 +46,8 @@ def test_yaml_round_trip(plan, tmp_path):
 def test_full_plan_yaml_writes_every_field():
     text = full_plan().to_yaml()
     for name in ("compute_dtype", "layers: [0, 3]", "shard_fraction", "tp_fraction", "outer_momentum",
-                 "micro_batches", "schedule", "backend: ddp-gloo", "predicted_step_s", "notes"):
+                 "micro_batches", "schedule", "zero_layout: island", "prefetch: 2", "reshard_after_forward: false",
+                 "predicted_step_s", "notes"):
         assert name in text
 
 
@@ -123,7 +126,7 @@ def assert_error(plan: Plan, *fragments: str, world_size=None):
     (dict(global_batch=2), ["global_batch 2 is smaller than the 3 ranks with a non-zero share (ranks 0, 1, 2)"]),
     (dict(global_batch=0), ["global_batch: must be >= 1, got 0"]),
     (dict(seq_len=0), ["seq_len: must be >= 1, got 0"]),
-    (dict(backend="nccl"), ["backend: must be one of hcomm, ddp-gloo, got 'nccl'"]),
+    (dict(backend="nccl"), ["backend: must be one of hcomm, ddp-gloo, fsdp2-gloo, got 'nccl'"]),
     (dict(predicted_step_s=-1.0), ["predicted_step_s", "-1.0"]),
     (dict(r1_compute_dtype="int8"), ["ranks[1].compute_dtype", "fp32, bf16, fp16, fp8", "'int8'"]),
     (dict(r0_zero_stage=4), ["ranks[0].zero_stage: must be 0, 1, 2 or 3, got 4"]),
@@ -247,14 +250,15 @@ def test_load_names_the_path(tmp_path):
 def test_str_has_every_rank_and_the_group_table():
     text = str(full_plan())
     lines = text.splitlines()
-    assert lines[0] == "plan auto: 3 ranks, global batch 64 x seq 256, backend ddp-gloo, predicted step 1.25 s"
+    assert lines[0] == "plan auto: 3 ranks, global batch 64 x seq 256, backend hcomm, predicted step 1.25 s"
     for header in ("rank", "device", "island", "share", "samples", "dtype", "stage", "layers", "tp", "zero"):
         assert header in lines[1]
     for rank, device in enumerate(("A100", "V100", "910B")):
         assert any(line.split()[:2] == [str(rank), device] for line in lines)
     assert "[3,8)" in text and "3 (0.7)" in text
     group_header = lines[lines.index("groups:") + 1]
-    for header in ("name", "ranks", "bucket MiB", "compression", "sync every", "outer lr/mom", "micro x schedule"):
+    for header in ("name", "ranks", "bucket MiB", "compression", "sync every", "outer lr/mom", "micro x schedule",
+                   "zero layout/prefetch"):
         assert header in group_header
     assert any(line.split()[:4] == ["dp", "0-2", "4", "fp8e4m3:ef"] for line in lines)
     assert "  - island b only reduces" in text

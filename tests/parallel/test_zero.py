@@ -10,27 +10,12 @@ so the gathers are checked too (every rank must hold them bit for bit alike).
 """
 import pytest
 
-from tests.helpers.mp import Pool
 from tests.parallel import dp_cases, zero_cases
 from hcomm.parallel.plan import Plan, PlanError
 
 STEPS = 4
 PARAM_ATOL = 2e-5
 LOSS_RTOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def pool3():
-    p = Pool(3, setup="bare")
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def pool4():
-    p = Pool(4, setup="bare")
-    yield p
-    p.close()
 
 
 def zero_plan(shares, batch, stage, fractions=None, micro=0, **group):

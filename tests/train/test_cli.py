@@ -35,7 +35,9 @@ def test_one_plan_does_not_compare():
     (["--bucket-mb", "0.0001"], "--bucket-mb must be at least 1 KiB"),
     (["--plan", "fastest"], "'fastest' is not auto, equal, uniform or a readable plan file"),
     (["--plan", "auto@buckets=4"], "'buckets=4' is not KEY=VALUE with KEY one of bucket_mb"),
-    (["--plan", "uniform@sync_every=8"], "pins apply to auto and equal only"),
+    (["--plan", "uniform@sync_every=8"], "pins other than zero apply to auto and equal only"),
+        (["--zero", "3", "--sync-every", "4"], "--zero 3 shards one optimizer over every rank; it cannot run with --sync-every 4"),
+        (["--prefetch", "-1"], "--prefetch must be >= 0, got -1"),
     (["--model", "gpt-5"], "--model: unknown model config 'gpt-5'"),
     (["--compress", "fp4"], "--compress:"),
 ])
