@@ -72,7 +72,8 @@ def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
                 sync_every=int(pins.get("sync_every", args.sync_every)),
                 compression=pins.get("compress", args.compress),
                 outer_overlap=pins.get("overlap", "1" if args.outer_overlap else "0") in ("1", "true", "yes"),
-                rebalance_after=0 if _zero_stage(args, pins) else int(pins.get("resplit", args.resplit_after)))
+                rebalance_after=0 if _zero_stage(args, pins) else int(pins.get("resplit", args.resplit_after)),
+                zero_stage=_zero_stage(args, pins))
 
 
 def _zero_stage(args, pins: Dict[str, str]) -> int:
@@ -93,7 +94,7 @@ def make_plans(args, view) -> List:
         elif base == "uniform":
             plan = Plan.uniform(view.world_size, args.global_batch, args.seq_len)
             plan.backend = "ddp-gloo"
-            limit = int(min(micro_batch_limits(view)))
+            limit = int(min(micro_batch_limits(view, zero_stage=_zero_stage(args, pins))))
             for r in plan.ranks:
                 r.device = view.devices[r.rank]
                 r.micro_batch = limit

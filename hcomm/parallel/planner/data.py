@@ -47,11 +47,20 @@ class Candidate:
         return self.estimate.step_s
 
 
-def micro_batch_limits(view: ClusterView, extra_state_bytes: int = 0) -> List[int]:
-    """Largest micro-batch each rank's memory holds (raises if the model itself does not fit)."""
+def micro_batch_limits(view: ClusterView, extra_state_bytes: int = 0, zero_stage: int = 0) -> List[int]:
+    """Largest micro-batch each rank's memory holds (raises if the model itself does not fit).
+
+    Under ZeRO only what stays whole is counted (zero/memory.py at fraction 0): the shards are
+    sized later by the memory left, and the plan with its fractions is checked then."""
     limits = []
     for rank, p in enumerate(view.profiles):
-        state = p.state_bytes() + extra_state_bytes
+        if zero_stage:
+            from hcomm.parallel.zero.memory import zero_memory
+
+            state = sum(zero_memory(p, stage=zero_stage, fraction=0.0, micro_samples=0).values())
+        else:
+            state = p.state_bytes()
+        state += extra_state_bytes
         free = p.memory_budget_bytes - state
         per_sample = max(1, sum(c.act_bytes_per_sample for c in p.layers))
         if free < per_sample:
@@ -135,12 +144,12 @@ def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, c
 def plan_data_parallel(view: ClusterView, global_batch: int, seq_len: int, *,
                        shares: Optional[Sequence[float]] = None, bucket_bytes: Optional[int] = None,
                        sync_every: int = 1, compression: str = "none", outer_overlap: bool = False,
-                       rebalance_after: int = 0, name: str = "auto") -> tuple:
+                       rebalance_after: int = 0, name: str = "auto", zero_stage: int = 0) -> tuple:
     """(plan, candidates sorted by predicted step time) for data parallelism on ``view``."""
     if global_batch < 1:
         raise PlanningError(f"global_batch must be >= 1, got {global_batch}")
     extra = 2 * view.profiles[0].param_bytes if sync_every > 1 else 0  # outer anchor + momentum
-    limits = micro_batch_limits(view, extra)
+    limits = micro_batch_limits(view, extra, zero_stage)
     buckets = [bucket_bytes] if bucket_bytes else BUCKET_CANDIDATES + [view.profiles[0].param_bytes + 4]
     candidates: List[Candidate] = []
     for label, counts in _share_candidates(view, global_batch, shares):
