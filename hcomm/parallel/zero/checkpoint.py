@@ -51,7 +51,6 @@ import json
 import math
 import os
 import shutil
-import uuid
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -68,9 +67,11 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
                                                  TensorWriteData, WriteItem, WriteItemType)
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from hcomm.parallel.zero.commit import MARKER, check_replaceable, sibling
+from hcomm.parallel.zero.commit import commit as commit_dir
+
 __all__ = ["FlatPiece", "save", "load", "load_full", "describe", "MARKER"]
 
-MARKER = "hcomm_checkpoint.json"  # the commit marker; its presence means "complete"
 _FORMAT = "hcomm.zero.flat"
 _VERSION = 1
 _EXTRA_KEY = "__hcomm__/extra"  # the DCP bytes item holding `extra`
@@ -368,60 +369,6 @@ class _Reader(FileSystemReader):
 # ---------------------------------------------------------------------------
 # files
 
-def _sibling(path: str, kind: str) -> str:
-    parent, base = os.path.split(path)
-    return os.path.join(parent, f".{base}.{kind}-{uuid.uuid4().hex[:12]}")
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass  # not every file system syncs directories; the renames are still atomic
-
-
-def _check_replaceable(path: str) -> None:
-    """`path` may be replaced only if it is absent, an empty directory or a checkpoint (ours or DCP's)."""
-    if not os.path.lexists(path):
-        return
-    if not os.path.isdir(path) or os.path.islink(path):
-        raise FileExistsError(f"{path} exists and is not a checkpoint directory; refusing to replace it")
-    entries = sorted(os.listdir(path))
-    if entries and MARKER not in entries and ".metadata" not in entries:
-        raise FileExistsError(f"{path} holds files that are not a checkpoint (e.g. {entries[0]!r}); "
-                              f"refusing to replace it")
-
-
-def _commit(tmp: str, path: str, manifest: dict) -> None:
-    """Rank 0, after every rank's data is on disk: marker, then swap into place."""
-    manifest["files"] = {f: os.path.getsize(os.path.join(tmp, f)) for f in sorted(os.listdir(tmp))}
-    part = os.path.join(tmp, MARKER + ".part")
-    with open(part, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, os.path.join(tmp, MARKER))
-    _fsync_dir(tmp)
-    old = None
-    if os.path.lexists(path):
-        _check_replaceable(path)
-        old = _sibling(path, "old")
-        os.rename(path, old)
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        if old is not None:
-            os.rename(old, path)  # put the previous checkpoint back
-        raise
-    _fsync_dir(os.path.dirname(path))
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _read_manifest(path: str) -> dict:
     if not os.path.exists(path):
         msg = f"no checkpoint at {path}"
@@ -525,7 +472,7 @@ def save(path: str, pieces: List[FlatPiece], extra: dict, group=None) -> None:
         summary = [(p.name, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.start, p.local.numel()) for p in pieces]
         blob = None
         if ranks.rank == 0:
-            _check_replaceable(path)
+            check_replaceable(path)
             buf = io.BytesIO()
             try:
                 torch.save(extra, buf)
@@ -545,7 +492,7 @@ def save(path: str, pieces: List[FlatPiece], extra: dict, group=None) -> None:
     def make_tmp():
         if ranks.rank == 0:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = _sibling(path, "tmp")
+            tmp = sibling(path, "tmp")
             os.mkdir(tmp)
             return tmp
 
@@ -563,7 +510,7 @@ def save(path: str, pieces: List[FlatPiece], extra: dict, group=None) -> None:
                         "torch": torch.__version__,
                         "tensors": {name: {"shape": list(shape), "dtype": dtype}
                                     for name, (shape, dtype) in tensors.items()}}
-            _commit(tmp, path, manifest)
+            commit_dir(tmp, path, manifest)
 
     for step in (write, commit):
         try:
