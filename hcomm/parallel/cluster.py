@@ -33,6 +33,17 @@ class ClusterView:
     reduce_scatter_s: Optional[AllReduceTime] = None
     island_gather_s: List[AllReduceTime] = field(default_factory=list)
     island_reduce_scatter_s: List[AllReduceTime] = field(default_factory=list)
+    # point to point (pipeline boundaries): tier -> (alpha seconds, beta bytes/s), "intra" and "inter"
+    links: Dict[str, tuple] = field(default_factory=dict)
+
+    def p2p_s(self, a: int, b: int, nbytes: int) -> float:
+        """Seconds to send ``nbytes`` from rank a to rank b: the alpha-beta model of the tier joining them
+        (the comm layer's measured or configured link; no links known: free)."""
+        if a == b or not self.links:
+            return 0.0
+        tier = "intra" if self.island_of(a) == self.island_of(b) else "inter"
+        alpha, beta = self.links.get(tier) or self.links.get("flat") or next(iter(self.links.values()))
+        return alpha + nbytes / beta
 
     def allreduce(self, compression: str = "none") -> AllReduceTime:
         """All-reduce time over every rank with ``compression`` on the weak tier."""
@@ -131,5 +142,6 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
         island_gather_s=island_predictors[1], island_reduce_scatter_s=island_predictors[2],
         baseline_allreduce_s=interpolated(sample_allreduce(hcomm_group, "ring")),
         island_names=[topo.ranks[m[0]].island for m in topo.islands],
+        links={tier: (link.alpha, link.beta) for tier, link in topo.links.items()},
         compressed_allreduce_s={c: interpolated(sample_compressed(hcomm_group, c))
                                 for c in sorted(set(compressions) - {"", "none"})})

@@ -77,6 +77,8 @@ class ParallelModel:
     outer: Optional[OuterSync] = None
     ddp: Optional[torch.nn.Module] = None
     zero: Optional[object] = None           # hcomm.parallel.zero.runner.ZeroRunner
+    pipe: Optional[object] = None           # hcomm.parallel.pipeline.runtime.Pipeline
+    groups: Optional[Groups] = None
     steps: int = 0
     notes: List[str] = field(default_factory=list)
 
@@ -96,7 +98,12 @@ class ParallelModel:
             self.steps += 1
             times.step_s = time.perf_counter() - start
             return times
-        if self.ddp is not None:
+        if self.pipe is not None:
+            # local_loss stays nan except where the last stage runs: only there is the loss known
+            done = self.pipe.step(rows, self.plan.global_batch)
+            times.compute_s, times.sync_wait_s = done.compute_s, done.sync_wait_s
+            times.local_loss, times.global_loss = done.loss, done.global_loss
+        elif self.ddp is not None:
             times.local_loss = self._ddp_forward_backward(rows)
             times.compute_s = time.perf_counter() - start
         else:
@@ -169,11 +176,13 @@ class ParallelModel:
 
     def parameters(self) -> List[torch.nn.Parameter]:
         """What the optimizer steps: the model's parameters, or under ZeRO this rank's fp32 master shards."""
+        if self.pipe is not None:
+            return self.pipe.parameters()
         return self.zero.parameters() if self.zero is not None else list(self.model.parameters())
 
     def resplit(self, counts: List[int]) -> None:
         """New sample counts for every rank (same global batch); the gradient weights follow exactly."""
-        if self.outer is not None or self.ddp is not None or self.zero is not None:
+        if self.outer is not None or self.ddp is not None or self.zero is not None or self.pipe is not None:
             raise ValueError("re-splitting the batch needs plain hcomm data parallelism (no outer sync, no DDP)")
         total = sum(counts)
         self.samples = counts[self.rank]
@@ -186,6 +195,10 @@ class ParallelModel:
             start = time.perf_counter()
             self.zero.finish()
             return time.perf_counter() - start
+        if self.pipe is not None:
+            # not training time: the stages only come together for the eval (and a checkpoint)
+            _gather_stages(self.model, self.plan, self.groups.default)
+            return 0.0
         return self.outer.finish(self.steps) if self.outer is not None else 0.0
 
     def close(self) -> None:
@@ -193,6 +206,8 @@ class ParallelModel:
             self.sync.remove()
         if self.zero is not None:
             self.zero.engine.remove()
+        if self.pipe is not None:
+            self.pipe.close()
 
 
 def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelModel:
@@ -204,7 +219,10 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
     counts, offsets = plan.batch_counts(), plan.batch_offsets()
     me = plan.ranks[rank]
     dp = plan.dp_group()
-    pm = ParallelModel(model, plan, rank, counts[rank], offsets[rank], me.micro_batch, plan.seq_len)
+    pm = ParallelModel(model, plan, rank, counts[rank], offsets[rank], me.micro_batch, plan.seq_len, groups=groups)
+    if plan.pipeline_groups():
+        _pipeline(pm, dp.bucket_bytes, dp.compression)
+        return pm
     if plan.backend in ("ddp-gloo", "fsdp2-gloo"):
         if len(set(counts)) != 1:
             raise ValueError(f"the {plan.backend} baseline averages over ranks and needs equal batches; "
@@ -237,3 +255,42 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
     # Only traffic between islands is compressed: every step's gradients, or the outer sync's deltas.
     hcomm.set_compression(dp.compression, group=groups.hcomm)
     return pm
+
+
+def _pipeline(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
+    """This rank's stages of its pipeline replica; replicas of a stage sync gradients in their own group.
+
+    Every rank of a replica runs the replica's rows (the plan gives them to its first rank).  The
+    pipeline group's ranks are its members in ascending order; ``positions`` tells the runtime which
+    of them runs each pipeline position (the planner's device order).
+    """
+    from hcomm.parallel.pipeline.runtime import Pipeline, make_pipeline_groups
+
+    plan = pm.plan
+    pipes = plan.pipeline_groups()
+    pipe_group, dp_group = make_pipeline_groups([g.ranks for g in pipes])
+    if dp_group is not None:   # replicas of a stage: only their traffic between islands is compressed
+        import hcomm
+
+        hcomm.set_compression(compression, group=dp_group)
+    mine = plan.pipeline_of(pm.rank)
+    pm.samples, pm.offset = plan.batch_counts()[mine.ranks[0]], plan.batch_offsets()[mine.ranks[0]]
+    members = sorted(mine.ranks)
+    pm.pipe = Pipeline(pm.model, list(zip(mine.cuts, mine.cuts[1:])), pipe_group, schedule=mine.schedule,
+                       n_microbatches=mine.micro_batches, virtual_stages=mine.virtual_stages, dp_group=dp_group,
+                       bucket_bytes=bucket_bytes, positions=[members.index(r) for r in mine.ranks])
+
+
+def _gather_stages(model: torch.nn.Module, plan: Plan, group) -> None:
+    """Every rank gets the whole trained model: each stage's pieces from its rank in the first replica
+    (replicas agree: their gradients were all-reduced)."""
+    from hcomm.models.llama import layer_modules
+
+    first = plan.pipeline_groups()[0]
+    pieces = layer_modules(model)
+    depth = len(first.ranks)
+    for k, (a, b) in enumerate(zip(first.cuts, first.cuts[1:])):
+        owner = first.ranks[k % depth]
+        for piece in pieces[a:b]:
+            for tensor in [*piece.parameters(), *piece.buffers()]:
+                dist.broadcast(tensor.data, src=owner, group=group)

@@ -42,8 +42,8 @@ class RankPlan:
     island: str = ""  # informational: islands are the topology's business
     compute_dtype: str = "fp32"  # fp32, bf16, fp16 or fp8
     micro_batch: int = 0  # most samples per forward pass (memory); 0 = all of the rank's samples at once
-    stage: int = 0  # pipeline stage
-    layers: Optional[Tuple[int, int]] = None  # half-open layer range of the stage; None = all
+    stage: int = 0  # pipeline position in its "pp:*" group (= its stage with one stage per rank)
+    layers: Optional[Tuple[int, int]] = None  # half-open piece range of its stage (one stage per rank); None = all
     tp_group: int = 0
     tp_fraction: float = 1.0  # this rank's fraction of each tensor-parallel split
     zero_stage: int = 0  # 0..3
@@ -63,8 +63,11 @@ class GroupPlan:
     outer_momentum: float = 0.9
     outer_overlap: bool = False  # the outer all-reduce runs behind the next H inner steps (applied one period late)
     rebalance_after: int = 0  # re-split the batch by compute measured in the first N steps (0 = never)
+    # Pipeline (read only from "pp:*" groups, one per pipeline replica, ranks in pipeline order)
     micro_batches: int = 1
-    schedule: str = "1f1b"
+    schedule: str = "1f1b"  # gpipe, 1f1b or interleaved-1f1b (hcomm/parallel/pipeline/schedule_cost.py)
+    virtual_stages: int = 1  # stages per rank (interleaved-1f1b: >= 2)
+    cuts: List[int] = field(default_factory=list)  # first piece of every stage, then the piece count
     # ZeRO (read only when the ranks' zero_stage > 0)
     zero_layout: str = "flat"  # "flat": shard over every rank; "island": shard inside islands, replicate across (HSDP)
     prefetch: int = 1  # ZeRO-3: gathers issued this many units ahead, forward and backward (0 = on demand)
@@ -130,6 +133,13 @@ class Plan:
 
     def dp_group(self) -> GroupPlan:
         return self.group("dp")
+
+    def pipeline_groups(self) -> List[GroupPlan]:
+        """The pipeline replicas ("pp:*" groups, ranks in pipeline order); empty without pipelining."""
+        return [g for g in self.groups if g.name.startswith("pp:")]
+
+    def pipeline_of(self, rank: int) -> Optional[GroupPlan]:
+        return next((g for g in self.pipeline_groups() if rank in g.ranks), None)
 
     def validate(self, world_size: Optional[int] = None) -> "Plan":
         """Raises :class:`PlanError` naming the field and rank of the first problem; returns self."""
@@ -254,6 +264,8 @@ _Dumper.add_representer(list, _represent_list)
 
 def _rank_table(plan: Plan) -> List[str]:
     ranks, counts = plan.ranks, plan.batch_counts()
+    for g in plan.pipeline_groups():   # every rank of a pipeline replica runs the replica's rows
+        counts = [counts[g.ranks[0]] if r in g.ranks else n for r, n in enumerate(counts)]
     columns = [("rank", [str(r.rank) for r in ranks]),
                ("device", [r.device or "-" for r in ranks]),
                ("island", [r.island or "-" for r in ranks]),
@@ -283,8 +295,12 @@ def _group_table(groups: List[GroupPlan]) -> List[str]:
     if any((g.zero_layout, g.prefetch, g.reshard_after_forward) != ("flat", 1, True) for g in groups):
         columns.append(("zero layout/prefetch", [f"{g.zero_layout}/{g.prefetch}" +
                                                  ("" if g.reshard_after_forward else " keep") for g in groups]))
-    if any((g.micro_batches, g.schedule) != (1, "1f1b") for g in groups):
-        columns.append(("micro x schedule", [f"{g.micro_batches} x {g.schedule}" for g in groups]))
+    if any((g.micro_batches, g.schedule, g.virtual_stages) != (1, "1f1b", 1) for g in groups):
+        columns.append(("micro x schedule", [f"{g.micro_batches} x {g.schedule}"
+                                             + (f" x{g.virtual_stages}" if g.virtual_stages > 1 else "")
+                                             for g in groups]))
+    if any(g.cuts for g in groups):
+        columns.append(("cuts", [" ".join(map(str, g.cuts)) or "-" for g in groups]))
     return _table(columns)
 
 

@@ -100,6 +100,7 @@ def check_plan(plan: Any, world_size: Optional[int]) -> None:
         _check_rank(r, f"ranks[{i}]")
     _check_groups(plan.groups, len(plan.ranks))
     _check_zero(plan)
+    _check_pipeline(plan)
 
 
 def _check_top(plan: Any) -> None:
@@ -226,6 +227,8 @@ def _check_group(g: Any, where: str, n_ranks: int) -> None:
         raise PlanError(f"{where}.zero_layout: must be one of {', '.join(ZERO_LAYOUTS)}, got {g.zero_layout!r}")
     if g.prefetch < 0:
         raise PlanError(f"{where}.prefetch: must be >= 0 (0 = gather on demand), got {g.prefetch}")
+    if g.virtual_stages < 1:
+        raise PlanError(f"{where}.virtual_stages: must be >= 1, got {g.virtual_stages}")
 
 
 def _check_zero(plan: Any) -> None:
@@ -273,3 +276,66 @@ def check_compression(text: str, where: str) -> None:
         raise PlanError(f"{where}: unknown suffix {suffix!r} in {text!r}; only ':ef' is defined")
     if suffix and name in ("none", "fp32"):
         raise PlanError(f"{where}: error feedback ({text!r}) needs a compressed wire format, not {name!r}")
+
+
+def _check_pipeline(plan: Any) -> None:
+    """Pipeline replicas ("pp:*" groups): same depth and stage cuts, every rank in one, stage = position,
+    the batch rows given to each replica's first rank, a schedule that can run its micro-batches."""
+    from hcomm.parallel.pipeline.schedule_cost import check_schedule
+
+    pipes = [(i, g) for i, g in enumerate(plan.groups) if g.name.startswith("pp:")]
+    if not pipes:
+        for i, r in enumerate(plan.ranks):
+            if r.stage != 0 or r.layers is not None:
+                raise PlanError(f"ranks[{i}]: stage {r.stage} / layers {r.layers} set, but the plan has no "
+                                f"pipeline ('pp:*') groups")
+        return
+    owner: Dict[int, str] = {}
+    for i, g in pipes:
+        for r in g.ranks:
+            if r in owner:
+                raise PlanError(f"groups[{i}].ranks: rank {r} is in pipeline {owner[r]!r} too; each rank is in one")
+            owner[r] = g.name
+    lacking = sorted(set(range(len(plan.ranks))) - set(owner))
+    if lacking:
+        raise PlanError(f"groups: ranks {', '.join(map(str, lacking))} are in no pipeline ('pp:*') group; with "
+                        f"pipelining every rank holds a stage")
+    if plan.backend != "hcomm" or plan.ranks[0].zero_stage or plan.dp_group().sync_every > 1:
+        raise PlanError("pipeline groups run on backend 'hcomm' with zero_stage 0 and sync_every 1 "
+                        f"(got backend {plan.backend!r}, zero_stage {plan.ranks[0].zero_stage}, "
+                        f"sync_every {plan.dp_group().sync_every})")
+    first_i, first = pipes[0]
+    counts = plan.batch_counts()
+    for i, g in pipes:
+        where = f"groups[{i}]"
+        if (len(g.ranks), g.cuts, g.virtual_stages) != (len(first.ranks), first.cuts, first.virtual_stages):
+            raise PlanError(f"{where}: pipeline {g.name!r} has {len(g.ranks)} ranks, cuts {g.cuts}, virtual_stages "
+                            f"{g.virtual_stages}; {first.name!r} has {len(first.ranks)}, {first.cuts}, "
+                            f"{first.virtual_stages}: replicas of a stage must hold the same pieces")
+        stages = len(g.ranks) * g.virtual_stages
+        if len(g.cuts) != stages + 1 or g.cuts[0] != 0 or any(a >= b for a, b in zip(g.cuts, g.cuts[1:])):
+            raise PlanError(f"{where}.cuts: {len(g.ranks)} ranks x {g.virtual_stages} virtual stages need "
+                            f"{stages + 1} rising cuts from 0 (first piece of each stage, then the piece count), "
+                            f"got {g.cuts}")
+        try:
+            check_schedule(g.schedule, g.micro_batches, len(g.ranks), g.virtual_stages)
+        except ValueError as e:
+            raise PlanError(f"{where} ({g.name}): {e}") from None
+        for pos, r in enumerate(g.ranks):
+            rp = plan.ranks[r]
+            if rp.stage != pos:
+                raise PlanError(f"ranks[{r}].stage: is {rp.stage}, but rank {r} is at position {pos} of {g.name!r}")
+            if rp.layers is not None and (g.virtual_stages != 1 or tuple(rp.layers) != tuple(g.cuts[pos:pos + 2])):
+                raise PlanError(f"ranks[{r}].layers: {tuple(rp.layers)} disagrees with {g.name!r} cuts {g.cuts} "
+                                f"(stage {pos} holds pieces [{g.cuts[pos]}, {g.cuts[pos + 1]}))"
+                                if g.virtual_stages == 1 else f"ranks[{r}].layers: leave it out with "
+                                f"virtual_stages {g.virtual_stages} (the cuts say which pieces)")
+            if pos and rp.batch_share:
+                raise PlanError(f"ranks[{r}].batch_share: {rp.batch_share:g}, but only a pipeline's first rank "
+                                f"(rank {g.ranks[0]} of {g.name!r}) takes a share: it is the replica's rows")
+        rows = counts[g.ranks[0]]
+        if rows % g.micro_batches:
+            raise PlanError(f"{where}.micro_batches: {g.name!r} gets {rows} rows per step, which do not split "
+                            f"into {g.micro_batches} equal micro-batches")
+    if len(pipes) == 1 and counts[first.ranks[0]] == 0:
+        raise PlanError(f"groups[{first_i}]: the only pipeline gets no rows")

@@ -53,6 +53,13 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
                    help="ZeRO shards over every rank (flat) or inside each island, replicated across (island); "
                         "auto: whichever the cost model predicts faster")
     p.add_argument("--prefetch", type=int, default=1, help="ZeRO-3: gathers issued this many units ahead")
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline stages per replica (ranks / STAGES replicas); auto places pieces by measured "
+                        "speed and memory, uniform splits blocks evenly (Megatron)")
+    p.add_argument("--schedule", default=None, choices=["gpipe", "1f1b", "interleaved-1f1b"],
+                   help="pipeline schedule (default: auto chooses by the cost model; uniform uses 1f1b)")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="pipeline micro-batches per replica and step (default: auto chooses)")
     p.add_argument("--profile-budget", type=float, default=10.0, help="seconds each rank may spend profiling")
     p.add_argument("--eval-batches", type=int, default=4, help="held-out batches for the final eval loss")
     p.add_argument("--json", default=None, help="write one record per step, the plans, machine and versions")
@@ -88,6 +95,12 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--sync-every must be >= 1, got {args.sync_every}")
     if args.prefetch < 0:
         p.error(f"--prefetch must be >= 0, got {args.prefetch}")
+    if args.pp < 1:
+        p.error(f"--pp must be >= 1, got {args.pp}")
+    if args.microbatches is not None and args.microbatches < 1:
+        p.error(f"--microbatches must be >= 1, got {args.microbatches}")
+    if args.pp > 1 and (args.zero or args.sync_every > 1):
+        p.error(f"--pp {args.pp} runs with plain data parallelism across replicas: not with --zero or --sync-every")
     if args.zero and args.sync_every > 1:
         p.error(f"--zero {args.zero} shards one optimizer over every rank; it cannot run with --sync-every "
                 f"{args.sync_every}")

@@ -119,7 +119,8 @@ def _show(bar, rank: int, step: int, total: int, t, tokens_per_step: int) -> Non
     if rank != 0:
         return
     loss = t.global_loss if not math.isnan(t.global_loss) else t.local_loss
-    text = f"loss {loss:.4f}  {tokens_per_step / t.step_s:,.0f} tok/s  {t.step_s * 1e3:.0f} ms/step"
+    text = (f"loss {loss:.4f}  " if not math.isnan(loss) else "") + \
+        f"{tokens_per_step / t.step_s:,.0f} tok/s  {t.step_s * 1e3:.0f} ms/step"
     if bar is not None:
         bar.set_postfix_str(text)
         bar.update(1)
@@ -155,8 +156,11 @@ def _resplit(pm, mine: List[dict], plan, group, rank: int, world: int) -> dict:
 
 
 def _global_losses(mine: List[dict], plan, group, rank: int) -> List[float]:
-    """Exact global-batch loss per step: sum over ranks of (n_r / N) * local mean loss."""
-    local = torch.tensor([r["samples"] / plan.global_batch * r["local_loss"] if r["samples"] else 0.0
+    """Exact global-batch loss per step: sum over ranks of (n_r / N) * local mean loss.
+
+    A pipeline's loss is known on its last stage only (nan elsewhere): there n_r is the replica's rows."""
+    local = torch.tensor([r["samples"] / plan.global_batch * r["local_loss"]
+                          if r["samples"] and not math.isnan(r["local_loss"]) else 0.0
                           for r in mine], dtype=torch.float64)
     dist.all_reduce(local, group=group)
     return local.tolist()

@@ -15,7 +15,15 @@ Keys: ``bucket_mb``, ``sync_every``, ``compress``, ``shares`` (``equal`` or
 numbers separated by ``:``), ``overlap`` (1: the outer all-reduce runs behind
 the next inner steps), ``resplit`` (re-split the batch by the compute measured
 in the first N steps; 0 = never), ``zero`` (ZeRO stage; also on ``uniform``:
-torch's ZeroRedundancyOptimizer or FSDP2), ``prefetch`` (ZeRO-3 gathers ahead).
+torch's ZeroRedundancyOptimizer or FSDP2), ``prefetch`` (ZeRO-3 gathers ahead),
+``pp`` (pipeline stages per replica), ``split`` (pipeline pieces: ``auto``,
+``uniform`` = Megatron's equal blocks, ``parameters`` = DeepSpeed's parameter
+balance), ``schedule`` and ``microbatches``.
+
+With ``--pp N`` (or ``@pp=N``), ``auto`` is hcomm's pipeline plan (replicas,
+device order, pieces, rows, schedule and micro-batches by the cost model) and
+``uniform`` the Megatron-like baseline on the same runtime: equal blocks per
+stage, ranks in order, equal rows, 1F1B.
 
 With ZeRO, ``auto`` sizes every rank's shard by the memory it has left after
 its activations and unsharded buffers; ``equal`` shards evenly.
@@ -25,7 +33,9 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Tuple
 
-KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "zero", "prefetch")
+KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "zero", "prefetch",
+        "pp", "split", "schedule", "microbatches")
+PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches")
 
 
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
@@ -39,8 +49,15 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
         if not sep or key not in KEYS:
             raise ValueError(f"--plan {entry}: {pin!r} is not KEY=VALUE with KEY one of {', '.join(KEYS)}")
         out[key] = value
-    if set(out) - {"zero"} and base not in ("auto", "equal"):
-        raise ValueError(f"--plan {entry}: pins other than zero apply to auto and equal only")
+    if set(out) - {"zero", *PIPELINE_KEYS} and base not in ("auto", "equal"):
+        raise ValueError(f"--plan {entry}: pins other than zero and the pipeline's apply to auto and equal only")
+    for key in ("pp", "microbatches"):
+        if key in out and not (out[key].isdigit() and int(out[key]) >= 1):
+            raise ValueError(f"--plan {entry}: {key} must be a positive integer, got {out[key]!r}")
+    if out.get("split", "auto") not in ("auto", "uniform", "parameters"):
+        raise ValueError(f"--plan {entry}: split must be auto, uniform or parameters, got {out['split']!r}")
+    if out.get("schedule", "1f1b") not in ("gpipe", "1f1b", "interleaved-1f1b"):
+        raise ValueError(f"--plan {entry}: schedule must be gpipe, 1f1b or interleaved-1f1b, got {out['schedule']!r}")
     if "zero" in out and out["zero"] not in ("0", "1", "2", "3"):
         raise ValueError(f"--plan {entry}: zero must be 0, 1, 2 or 3, got {out['zero']!r}")
     return base, out
@@ -58,6 +75,11 @@ def compressions_asked(args) -> List[str]:
 def any_zero(args) -> bool:
     """Whether some plan asked for shards ZeRO (then a rank need not hold the whole training state)."""
     return any(_zero_stage(args, parse_entry(entry)[1]) for entry in args.plan.split(","))
+
+
+def any_pipeline(args) -> bool:
+    """Whether some plan pipelines (then a rank holds only its stages' training state)."""
+    return any(_pipeline_stages(args, parse_entry(entry)[1]) > 1 for entry in args.plan.split(","))
 
 
 def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
@@ -88,6 +110,9 @@ def make_plans(args, view) -> List:
     plans = []
     for entry in args.plan.split(","):
         base, pins = parse_entry(entry)
+        if base in ("auto", "equal", "uniform") and _pipeline_stages(args, pins) > 1:
+            plans.append(pipeline_plan(args, view, entry, base, pins))
+            continue
         if base in ("auto", "equal"):
             plan, _ = plan_data_parallel(view, args.global_batch, args.seq_len, name=entry,
                                          **_pinned(args, pins, view.world_size, base))
@@ -108,6 +133,27 @@ def make_plans(args, view) -> List:
         check_memory(plan, view)
         plans.append(plan)
     return plans
+
+
+def _pipeline_stages(args, pins: Dict[str, str]) -> int:
+    return int(pins.get("pp", getattr(args, "pp", 1)))
+
+
+def pipeline_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
+    """The pipeline plan of one ``--plan`` entry (``hcomm.parallel.planner.pipeline``)."""
+    from hcomm.models import get_config
+    from hcomm.parallel.planner.pipeline import boundary_bytes, plan_pipeline
+
+    if base == "equal" or _zero_stage(args, pins) or int(pins.get("sync_every", args.sync_every)) > 1:
+        raise ValueError(f"--plan {entry}: a pipeline runs as auto or uniform, without zero or sync_every")
+    split = pins.get("split", "uniform" if base == "uniform" else "auto")
+    micro = pins.get("microbatches", getattr(args, "microbatches", None))
+    bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
+    return plan_pipeline(view, args.global_batch, args.seq_len, stages=_pipeline_stages(args, pins), split=split,
+                         boundary=boundary_bytes(get_config(args.model).dim, args.seq_len),
+                         schedule=pins.get("schedule", getattr(args, "schedule", None)),
+                         micro_batches=int(micro) if micro else None, name=entry,
+                         bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None)
 
 
 def apply_zero(plan, view, stage: int, base: str, *, layout: str = "auto", prefetch: int = 1) -> None:

@@ -102,9 +102,10 @@ def check_state_fits(n_params: int, groups, rank: int, world: int, zero: int = 0
 
     Plain data parallelism keeps parameters, gradients and AdamW's two fp32
     states on every rank: 16 bytes per fp32 parameter, counted from the config
-    before any model is built.  Under ZeRO every rank still builds the whole
-    fp32 model once before sharding it (4 bytes per parameter); whether the
-    shards fit is checked per plan once the profiles are known.  Every rank
+    before any model is built.  Under ZeRO or pipelining every rank still
+    builds the whole fp32 model once before sharding or splitting it (4 bytes
+    per parameter); whether its shards or stages fit is checked per plan once
+    the profiles are known.  Every rank
     checks its own budget and every rank learns who failed.
     """
     from hcomm.parallel.devices import local_device_name
@@ -136,6 +137,13 @@ def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, wor
     local = resolve_profile(model, model_signature=signature, cluster_signature=topo.signature(),
                             micro_batch=micro, seq_len=args.seq_len, vocab_size=vocab_size, rank=rank,
                             budget_s=args.profile_budget, baseline_bytes=_BASELINE_BYTES)
+    from hcomm.train.plans import any_pipeline
+
+    if any_pipeline(args) and micro > 1:   # pipelines run small micro-batches: measure each piece's fixed cost
+        one = resolve_profile(model, model_signature=signature, cluster_signature=topo.signature(),
+                              micro_batch=1, seq_len=args.seq_len, vocab_size=vocab_size, rank=rank,
+                              budget_s=args.profile_budget / 2, baseline_bytes=_BASELINE_BYTES)
+        local = local.with_fixed_costs(one)
     store = dist.distributed_c10d._get_default_store()
     profiles = gather_profiles(local, store, rank, world, timeout_s=max(120.0, 6 * args.profile_budget))
     opt_s = [None] * world
@@ -168,10 +176,10 @@ def run(args) -> int:
                    f"{train_tokens.numel():,} training tokens")
         from hcomm.models import get_config, param_count
 
-        from hcomm.train.plans import any_zero
+        from hcomm.train.plans import any_pipeline, any_zero
 
         check_state_fits(param_count(get_config(args.model), vocab_size=data.vocab_size), groups, rank, world,
-                         zero=any_zero(args))
+                         zero=any_zero(args) or any_pipeline(args))
         model, config = build(args, data.vocab_size)
         n_params = sum(p.numel() for p in model.parameters())
         _log(rank, f"model: {args.model}{' (Hugging Face)' if args.hf else ''}, {n_params / 1e6:.2f}M parameters")

@@ -16,25 +16,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def full_plan() -> Plan:
     """Every field away from its default."""
-    ranks = [RankPlan(0, 0.6, device="A100", island="a", compute_dtype="bf16", stage=0, layers=(0, 3), tp_group=0,
+    ranks = [RankPlan(0, 0.6, device="A100", island="a", compute_dtype="bf16", tp_group=0,
                       tp_fraction=0.75, zero_stage=3, shard_fraction=0.7),
-             RankPlan(1, 0.4, device="V100", island="a", compute_dtype="fp16", stage=1, layers=(3, 8), tp_group=1,
+             RankPlan(1, 0.4, device="V100", island="a", compute_dtype="fp16", tp_group=1,
                       tp_fraction=0.25, zero_stage=3, shard_fraction=0.3),
-             RankPlan(2, 0.0, device="910B", island="b", compute_dtype="fp8", stage=2, layers=(8, 9), tp_group=2,
+             RankPlan(2, 0.0, device="910B", island="b", compute_dtype="fp8", tp_group=2,
                       tp_fraction=0.5, zero_stage=3, shard_fraction=0.0)]
-    # ZeRO runs one optimizer over every rank, so the cross-island sync period sits on another group here
-    groups = [GroupPlan("dp", [0, 1, 2], bucket_bytes=4 * 2**20, compression="fp8e4m3:ef", micro_batches=4,
-                        schedule="gpipe", zero_layout="island", prefetch=2, reshard_after_forward=False),
+    # ZeRO runs one optimizer over every rank, so the cross-island sync period sits on another group here;
+    # the pipeline's fields are in pipeline_plan() (a pipeline does not run with ZeRO)
+    groups = [GroupPlan("dp", [0, 1, 2], bucket_bytes=4 * 2**20, compression="fp8e4m3:ef",
+                        zero_layout="island", prefetch=2, reshard_after_forward=False),
               GroupPlan("island:a", [0, 1], bucket_bytes=2048, compression="bf16", sync_every=8, outer_lr=0.5,
                         outer_momentum=0.8)]
     return Plan(64, 256, ranks, groups, name="auto", predicted_step_s=1.25,
                 notes=["beat uniform: 2.1 s", "island b only reduces"]).validate()
 
 
+def pipeline_plan() -> Plan:
+    """Every pipeline field away from its default: one replica, devices in the order 2, 0, 1."""
+    ranks = [RankPlan(0, 0.0, stage=1, layers=(3, 8)), RankPlan(1, 0.0, stage=2, layers=(8, 9)),
+             RankPlan(2, 1.0, stage=0, layers=(0, 3))]
+    groups = [GroupPlan("dp", [0, 1, 2]),
+              GroupPlan("pp:0", [2, 0, 1], micro_batches=4, schedule="gpipe", cuts=[0, 3, 8, 9])]
+    return Plan(64, 256, ranks, groups, name="pp").validate()
+
+
 # --- round trip ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("plan", [Plan.uniform(4, 32, 128), Plan.from_shares([0.5, 0.3, 0.2], 10, 8), full_plan()],
-                         ids=["uniform", "shares", "full"])
+@pytest.mark.parametrize("plan", [Plan.uniform(4, 32, 128), Plan.from_shares([0.5, 0.3, 0.2], 10, 8), full_plan(),
+                                  pipeline_plan()], ids=["uniform", "shares", "full", "pipeline"])
 def test_yaml_round_trip(plan, tmp_path):
     assert Plan.from_yaml(plan.to_yaml()) == plan
     assert Plan.from_dict(plan.to_dict()) == plan
@@ -45,9 +55,12 @@ def test_yaml_round_trip(plan, tmp_path):
 
 def test_full_plan_yaml_writes_every_field():
     text = full_plan().to_yaml()
-    for name in ("compute_dtype", "layers: [0, 3]", "shard_fraction", "tp_fraction", "outer_momentum",
-                 "micro_batches", "schedule", "zero_layout: island", "prefetch: 2", "reshard_after_forward: false",
+    for name in ("compute_dtype", "shard_fraction", "tp_fraction", "outer_momentum",
+                 "zero_layout: island", "prefetch: 2", "reshard_after_forward: false",
                  "predicted_step_s", "notes"):
+        assert name in text
+    text = pipeline_plan().to_yaml()
+    for name in ("stage: 2", "layers: [0, 3]", "micro_batches: 4", "schedule: gpipe", "cuts: [0, 3, 8, 9]"):
         assert name in text
 
 
@@ -251,17 +264,25 @@ def test_str_has_every_rank_and_the_group_table():
     text = str(full_plan())
     lines = text.splitlines()
     assert lines[0] == "plan auto: 3 ranks, global batch 64 x seq 256, backend hcomm, predicted step 1.25 s"
-    for header in ("rank", "device", "island", "share", "samples", "dtype", "stage", "layers", "tp", "zero"):
+    for header in ("rank", "device", "island", "share", "samples", "dtype", "tp", "zero"):
         assert header in lines[1]
     for rank, device in enumerate(("A100", "V100", "910B")):
         assert any(line.split()[:2] == [str(rank), device] for line in lines)
-    assert "[3,8)" in text and "3 (0.7)" in text
+    assert "3 (0.7)" in text
     group_header = lines[lines.index("groups:") + 1]
-    for header in ("name", "ranks", "bucket MiB", "compression", "sync every", "outer lr/mom", "micro x schedule",
+    for header in ("name", "ranks", "bucket MiB", "compression", "sync every", "outer lr/mom",
                    "zero layout/prefetch"):
         assert header in group_header
     assert any(line.split()[:4] == ["dp", "0-2", "4", "fp8e4m3:ef"] for line in lines)
     assert "  - island b only reduces" in text
+    text = str(pipeline_plan())
+    lines = text.splitlines()
+    assert "stage" in lines[1] and "layers" in lines[1] and "[3,8)" in text
+    # every rank of a pipeline runs the replica's rows: the samples column says 64 on each
+    assert [line.split()[2:4] for line in lines[2:5]] == [["0.0000", "64"]] * 2 + [["1.0000", "64"]]
+    group_header = lines[lines.index("groups:") + 1]
+    assert "micro x schedule" in group_header and "cuts" in group_header
+    assert "4 x gpipe" in text and "0 3 8 9" in text
 
 
 def test_str_hides_columns_at_their_defaults():

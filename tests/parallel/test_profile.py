@@ -290,3 +290,24 @@ def test_device_table_facts(monkeypatch):
     monkeypatch.delenv("HCOMM_EMU_DEVICE")
     if not torch.cuda.is_available():
         assert local_device_name() == "CPU"
+
+
+def test_fixed_costs_from_a_second_profile_at_one_sample():
+    from hcomm.parallel.profile import DeviceProfile, LayerCost
+
+    def prof(micro, fwd, bwd):
+        return DeviceProfile(0, "X", micro, 8, [LayerCost("p", fwd, bwd, 4, 4, 8, 16)], 1 << 30, 0, "test", 1.0, "file")
+
+    # t(m) = a + b*m: forward a=2, b=1 (t(1)=3, t(4)=6); backward a=0.5, b=2.5 (t(1)=3, t(4)=10.5)
+    both = prof(4, 6.0, 10.5).with_fixed_costs(prof(1, 3.0, 3.0))
+    c = both.layers[0]
+    assert (c.fwd_fixed_s, c.bwd_fixed_s) == (2.0, 0.5)
+    assert c.fwd_at(2, 4) == 4.0 and c.bwd_at(2, 4) == 5.5          # a + 2b
+    assert c.fwd_at(4, 4) == 6.0                                    # the measured point itself
+    assert both.seconds_spent == 2.0
+    assert DeviceProfile.from_dict(both.to_dict()) == both          # travels through the store intact
+    # noise that would make the fixed part negative (t(1) below the line) clamps it to 0: linear scaling
+    flat = prof(4, 4.0, 4.0).with_fixed_costs(prof(1, 0.5, 1.0))
+    assert flat.layers[0].fwd_fixed_s == 0.0 and flat.layers[0].fwd_at(2, 4) == 2.0
+    with pytest.raises(ValueError, match="micro-batch 1"):
+        prof(4, 1.0, 1.0).with_fixed_costs(prof(2, 1.0, 1.0))

@@ -242,13 +242,18 @@ class Pipeline:
 
     def __init__(self, model: nn.Module, ranges: Sequence[Range], group, *, schedule: str = "1f1b",
                  n_microbatches: int = 1, virtual_stages: int = 1, order: Optional[Order] = None,
-                 dp_group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES, device: Union[str, torch.device] = "cpu"):
+                 dp_group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES, device: Union[str, torch.device] = "cpu",
+                 positions: Optional[Sequence[int]] = None):
         n_ranks, rank = dist.get_world_size(group), dist.get_rank(group)
         if rank < 0:
             raise ValueError("this rank is not a member of the pipeline group")
         self.ranges = check_ranges(ranges, len(layer_modules(model)))
         n_stages = len(self.ranges)
         schedule = ALIASES.get(schedule, schedule)
+        if positions is not None and schedule != "custom" and order is None:
+            order = _placed_order(schedule, n_stages, n_ranks, n_microbatches, virtual_stages, positions)
+            if order is not None:
+                schedule = "custom"
         self.schedule_name = schedule
         if schedule == "custom":
             if order is None:
@@ -370,6 +375,32 @@ class Pipeline:
             self._schedule = ScheduleInterleaved1F1B(stages, self.n_microbatches, **common)
         else:
             self._schedule = _lower_order(stages, self.n_microbatches, self._order, common)
+
+
+def _placed_order(schedule: str, n_stages: int, n_ranks: int, n_microbatches: int, virtual_stages: int,
+                  positions: Sequence[int]) -> Optional[Dict[int, list]]:
+    """A named schedule as an explicit order when torch's class cannot run it as asked, else None.
+
+    torch's schedule classes put stage s on group rank ``s % ranks``, and a group's ranks are its
+    members in ascending global order; a planned pipeline puts the fastest devices where the cost
+    model wants them (``positions[i]``: the group rank at pipeline position i), and 1F1B may be
+    planned with fewer micro-batches than stages, which ``Schedule1F1B`` refuses.  Both run the
+    same actions in the same order per position (``schedule_cost.action_orders``, a transcription
+    of torch's), lowered by the custom path.
+    """
+    from hcomm.parallel.pipeline.schedule_cost import action_orders
+
+    positions = list(positions)
+    if sorted(positions) != list(range(n_ranks)):
+        raise ValueError(f"positions must list each of the group's {n_ranks} ranks once, got {positions}")
+    check_schedule(schedule, n_stages, n_ranks, max(n_microbatches, n_stages) if schedule == "1f1b" else
+                   n_microbatches, virtual_stages)
+    torch_runs_it = positions == list(range(n_ranks)) and not (schedule == "1f1b" and n_microbatches < n_stages)
+    if torch_runs_it:
+        return None
+    cost_name = {"interleaved": "interleaved-1f1b"}.get(schedule, schedule)
+    orders = action_orders(cost_name, n_ranks, n_microbatches, virtual_stages)
+    return {positions[pos]: [(a.stage, a.kind, a.microbatch) for a in actions] for pos, actions in enumerate(orders)}
 
 
 def _lower_order(stages, n_microbatches: int, order: Dict[int, List[Tuple[int, str, int]]], common):

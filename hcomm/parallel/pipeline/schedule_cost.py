@@ -376,8 +376,8 @@ class PipelineCosts:
     """Validated inputs, and the cost of every (device, piece range) and link at one micro-batch size.
 
     ``profiles``: one ``DeviceProfile`` per stage device (pieces = ``model.layer_modules()``); times
-    scale linearly from each profile's measured ``micro_batch`` to ``micro_batch`` samples, as
-    ``DeviceProfile.compute_s`` assumes.  A candidate is ``cuts`` (``cuts[k]``: first piece of stage k,
+    scale from each profile's measured ``micro_batch`` to ``micro_batch`` samples by
+    ``LayerCost.fwd_at``/``bwd_at`` (linear in samples above each piece's fixed cost, where known).  A candidate is ``cuts`` (``cuts[k]``: first piece of stage k,
     then the piece count) and ``devs`` (``devs[r]``: index into ``profiles`` of pipeline position r);
     stage k runs on position ``k % ranks``.  Memory of a position: parameters, gradients and AdamW
     state of its pieces, plus activation bytes per sample x micro-batch x micro-batches in flight at
@@ -418,9 +418,8 @@ class PipelineCosts:
         self.peak = stage_in_flight(self.orders, K)        # per stage: micro-batches in flight at its peak
         self.f, self.b, self.state, self.act = [], [], [], []
         for q in profiles:
-            scale = micro_batch / q.micro_batch
-            self.f.append(prefix_sums([c.fwd_s * scale for c in q.layers]))
-            self.b.append(prefix_sums([c.bwd_s * scale for c in q.layers]))
+            self.f.append(prefix_sums([c.fwd_at(micro_batch, q.micro_batch) for c in q.layers]))
+            self.b.append(prefix_sums([c.bwd_at(micro_batch, q.micro_batch) for c in q.layers]))
             self.state.append(prefix_sums([c.param_bytes + c.grad_bytes + c.optim_bytes for c in q.layers]))
             self.act.append(prefix_sums([c.act_bytes_per_sample * micro_batch for c in q.layers]))
         self._links: Dict[Tuple[int, int, int], float] = {}

@@ -1,0 +1,294 @@
+"""Pipeline plans: which ranks form each pipeline replica, in which order, which pieces every stage
+holds, how many rows each replica takes, and the schedule and micro-batch count.
+
+One cost model: ``pipeline.partition`` simulates the schedule from the measured per-piece costs of
+each stage's own device and the links between them (``ClusterView.p2p_s``); replicas of a stage
+sync their gradients with the all-reduce the comm layer predicts; the optimizer step is the rank's
+measured one, scaled to the parameters it holds.
+
+Splits (``split``):
+
+- ``auto``: the exact partition and device order (``partition.choose_schedule``), over the
+  schedules and micro-batch counts allowed; with several replicas, the ranks are grouped into
+  replicas two ways (every replica the same mix of devices; or like devices together, rows by
+  speed) and the faster prediction wins;
+- ``uniform``: Megatron's split, equal blocks per stage, ranks in order, equal rows;
+- ``parameters``: DeepSpeed's ``partition_method='parameters'``, otherwise as ``uniform``.
+
+Replicas of a stage must hold the same pieces (their gradients are all-reduced position by
+position), so one replica (the leader) chooses the cuts and the others take the best device order
+and micro-batch count for those cuts.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from hcomm.parallel.pipeline.partition import (ScheduleChoice, choose_schedule, evaluate, parameter_cuts,
+                                               uniform_cuts)
+from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, step_time
+from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
+
+SPLITS = ("auto", "uniform", "parameters")
+MAX_MICRO_BATCHES = 16
+
+
+def boundary_bytes(dim: int, seq_len: int, element_bytes: int = 4) -> int:
+    """Bytes per sample crossing a stage boundary: one hidden state per token (fp32)."""
+    return dim * seq_len * element_bytes
+
+
+def rank_speed(profile) -> float:
+    """Samples per second of forward and backward of the whole model on this rank."""
+    return profile.micro_batch / max(1e-12, sum(c.fwd_s + c.bwd_s for c in profile.layers))
+
+
+def replica_groupings(view, stages: int, split: str) -> List[Tuple[str, List[List[int]]]]:
+    """Candidate replica groupings (each a list of replicas, each a list of global ranks)."""
+    world = view.world_size
+    if stages < 1 or world % stages:
+        raise ValueError(f"--pp {stages}: the {world} ranks do not form equal pipelines of {stages} stages")
+    count = world // stages
+    in_order = [list(range(i * stages, (i + 1) * stages)) for i in range(count)]
+    if split != "auto" or count == 1:
+        return [("ranks in order", in_order)]
+    fastest = sorted(range(world), key=lambda r: (-rank_speed(view.profiles[r]), r))
+    mixed: List[List[int]] = [[] for _ in range(count)]
+    for i, r in enumerate(fastest):   # snake order: every replica gets a like mix of speeds
+        lap, j = divmod(i, count)
+        mixed[j if lap % 2 == 0 else count - 1 - j].append(r)
+    alike = [fastest[i * stages:(i + 1) * stages] for i in range(count)]
+    out = [("each replica the same mix of devices", [sorted(m) for m in mixed])]
+    if sorted(map(sorted, alike)) != sorted(map(sorted, out[0][1])):
+        out.append(("like devices together", [sorted(m) for m in alike]))
+    return out
+
+
+class _Replica:
+    """One replica's prediction for given cuts: device order, micro-batches, step seconds."""
+
+    def __init__(self, ranks: List[int], rows: int, part, order: List[int]):
+        self.ranks, self.rows, self.part = ranks, rows, part
+        self.order = order          # global ranks in pipeline order
+
+    @property
+    def step_s(self) -> float:
+        return self.part.step_s if self.part is not None else 0.0
+
+
+def plan_pipeline(view, global_batch: int, seq_len: int, *, stages: int, boundary: int, split: str = "auto",
+                  schedule: Optional[str] = None, micro_batches: Optional[int] = None, name: str = "",
+                  bucket_bytes: Optional[int] = None) -> Plan:
+    """The pipeline plan for ``stages`` stages per replica (see the module docstring)."""
+    if split not in SPLITS:
+        raise ValueError(f"pipeline split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    n_pieces = len(view.profiles[0].layers)
+    if stages > n_pieces:
+        raise ValueError(f"--pp {stages}: the model has only {n_pieces} pieces (embedding, blocks, norm, head); "
+                         f"every stage needs at least one")
+    trials = []
+    for label, replicas in replica_groupings(view, stages, split):
+        if micro_batches is not None and global_batch % micro_batches:
+            raise ValueError(f"--microbatches {micro_batches} does not divide --global-batch {global_batch}")
+        trials.append((label, *_plan_grouping(view, replicas, global_batch, boundary, split, schedule,
+                                              micro_batches)))
+    trials.sort(key=lambda t: t[1])
+    label, step_s, replicas, choice, sync_s, opt_s = trials[0]
+    plan = _to_plan(view, replicas, choice, global_batch, seq_len, name or split, bucket_bytes)
+    plan.predicted_step_s = step_s
+    lead = replicas[0].part
+    plan.notes = [f"pipeline ({split} split): {len(replicas)} replica(s) of {stages} stages, {label}; "
+                  f"rows {[r.rows for r in replicas]}; predicted step {step_s * 1e3:.0f} ms = slowest replica "
+                  f"{max(r.step_s for r in replicas) * 1e3:.0f} ms + stage gradient sync {sync_s * 1e3:.0f} ms "
+                  f"+ optimizer {opt_s * 1e3:.0f} ms",
+                  f"balanced ideal of replica 0 (same profiles, work split continuously, free links): "
+                  f"{balanced_ideal_s(view, replicas[0].order, lead) * 1e3:.0f} ms",
+                  *str(lead).splitlines()]
+    if choice is not None:
+        plan.notes += [line for line in str(choice).splitlines()[len(str(lead).splitlines()):][:8]]
+    for other in trials[1:]:
+        plan.notes.append(f"beat grouping '{other[0]}': predicted {other[1] * 1e3:.0f} ms")
+    return plan
+
+
+def balanced_ideal_s(view, order: Sequence[int], part) -> float:
+    """The step of a perfectly balanced pipeline on these devices: the work of one micro-batch split so
+    every stage takes the same time (fractions inverse to each device's time), free links, the same
+    schedule and micro-batch count."""
+    if part is None:
+        return 0.0
+    mb = part.micro_batch
+    fwd = [sum(c.fwd_at(mb, view.profiles[r].micro_batch) for c in view.profiles[r].layers) for r in order]
+    bwd = [sum(c.bwd_at(mb, view.profiles[r].micro_batch) for c in view.profiles[r].layers) for r in order]
+    share = 1.0 / sum(1.0 / (f + b) for f, b in zip(fwd, bwd))   # each device's fraction x_d = share / w_d
+    k = len(order) * part.virtual_stages
+    f_ratio = sum(fwd) / (sum(fwd) + sum(bwd))
+    per_stage = share / part.virtual_stages
+    t, _, _ = step_time([per_stage * f_ratio] * k, [per_stage * (1 - f_ratio)] * k, [0.0] * (k - 1), part.micro_batches,
+                        part.schedule, part.virtual_stages)
+    return t
+
+
+def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary: int, split: str,
+                   schedule: Optional[str], micro_batches: Optional[int]):
+    """(step seconds, replicas, the leader's ScheduleChoice, sync seconds, optimizer seconds) of one grouping."""
+    unit = micro_batches or 1
+    if split == "auto":
+        weights = [sum(rank_speed(view.profiles[r]) for r in ranks) for ranks in replicas]
+    else:
+        weights = [1.0] * len(replicas)
+    rows = [n * unit for n in apportion(weights, global_batch // unit)]
+    best = None
+    for _ in range(2 if split == "auto" and len(replicas) > 1 else 1):
+        result = _predict(view, replicas, rows, boundary, split, schedule, micro_batches)
+        if best is None or result[0] < best[0]:
+            best = result
+        # rows inverse to the predicted time per row, then predict again
+        per_row = [r.step_s / r.rows if r.rows else 0.0 for r in result[1]]
+        speed = [1.0 / t if t else 0.0 for t in per_row]
+        rows = [n * unit for n in apportion(speed, global_batch // unit)]
+    return best
+
+
+def _predict(view, replicas, rows, boundary, split, schedule, micro_batches):
+    kw = dict(boundary_bytes=boundary, link_s=view.p2p_s)
+    leader = max(range(len(replicas)), key=lambda i: rows[i])
+    profiles = [view.profiles[r] for r in replicas[leader]]
+    stages = len(replicas[leader])
+    choice = None
+    if split == "auto":
+        if micro_batches is None:
+            choice = choose_schedule(profiles, global_batch=rows[leader], max_micro_batches=MAX_MICRO_BATCHES,
+                                     schedules=[schedule] if schedule else SCHEDULES, **kw)
+            lead = choice.best
+        else:
+            lead = _pinned_partition(profiles, rows[leader], micro_batches, schedule, **kw)
+        cuts = lead.cuts
+    else:
+        sched = schedule or "1f1b"
+        v = 2 if sched == "interleaved-1f1b" else 1
+        n = len(profiles[0].layers)
+        cuts = uniform_cuts(n, stages * v) if split == "uniform" else \
+            parameter_cuts([c.param_bytes for c in profiles[0].layers], stages * v)
+        lead = None
+    out = []
+    for i, ranks in enumerate(replicas):
+        if rows[i] == 0:
+            out.append(_Replica(ranks, 0, None, list(ranks)))
+            continue
+        fixed_order = split != "auto"
+        part = _best_for_cuts(view, ranks, rows[i], cuts, lead, schedule, micro_batches, fixed_order, **kw)
+        out.append(_Replica(ranks, rows[i], part, [ranks[d] for d in _order_of(part, ranks, view)]))
+    if split != "auto" and not all(r.part is None or r.part.fits for r in out):
+        bad = next(r for r in out if r.part is not None and not r.part.fits)
+        raise ValueError(f"the {split} split does not fit memory: " + "; ".join(
+            f"rank {st.rank} needs {m / 2**20:.0f} MiB of {b / 2**20:.0f} MiB"
+            for st, m, b in zip(bad.part.stages, bad.part.memory_bytes, bad.part.budget_bytes) if m > b))
+    sync_s = _stage_sync_s(view, out) if len(replicas) > 1 else 0.0
+    opt_s = _optimizer_s(view, out)
+    step = max(r.step_s for r in out) + sync_s + opt_s
+    return step, out, choice, sync_s, opt_s
+
+
+def _pinned_partition(profiles, rows: int, m: int, schedule: Optional[str], **kw):
+    """The best partition with the micro-batch count pinned (over the schedules allowed)."""
+    from hcomm.parallel.pipeline.partition import partition
+
+    found, errors = [], []
+    for sched in ([schedule] if schedule else SCHEDULES):
+        try:
+            found.append(partition(profiles, micro_batches=m, micro_batch=rows // m, schedule=sched,
+                                   virtual_stages=2 if sched == "interleaved-1f1b" else 1, **kw))
+        except ValueError as e:
+            errors.append(f"{sched}: {e}")
+    if not found:
+        raise ValueError(f"no schedule can run {m} micro-batches of {rows // m} rows: " + "; ".join(errors))
+    return min(found, key=lambda p: p.step_s)
+
+
+def _best_for_cuts(view, ranks, rows, cuts, lead, schedule, micro_batches, fixed_order, **kw):
+    """The best device order and micro-batch count of one replica for fixed cuts (evaluated exhaustively:
+    at most 8! orders, pipelines are short)."""
+    profiles = [view.profiles[r] for r in ranks]
+    sched = lead.schedule if lead is not None else (schedule or "1f1b")
+    v = lead.virtual_stages if lead is not None else (2 if sched == "interleaved-1f1b" else 1)
+    if micro_batches:
+        counts = [micro_batches]
+    elif lead is not None and rows % lead.micro_batches == 0:
+        counts = [lead.micro_batches]
+    else:
+        counts = [m for m in range(1, min(rows, MAX_MICRO_BATCHES) + 1) if rows % m == 0]
+        if lead is None:   # the baselines: Megatron's advice, at least as many micro-batches as stages
+            counts = [max(counts, key=lambda m: (m <= 4 * len(ranks), m))]
+    orders = [list(range(len(ranks)))] if fixed_order else list(itertools.permutations(range(len(ranks))))
+    best = None
+    for m in counts:
+        for order in orders:
+            try:
+                part = evaluate(profiles, cuts, micro_batches=m, micro_batch=rows // m, schedule=sched,
+                                virtual_stages=v, order=order, label="auto" if lead is not None else "given", **kw)
+            except ValueError:
+                continue
+            if fixed_order or part.fits:
+                if best is None or part.step_s < best.step_s:
+                    best = part
+    if best is None:
+        raise ValueError(f"pipeline replica {ranks}: no device order and micro-batch count fits memory with "
+                         f"cuts {cuts}")
+    return best
+
+
+def _order_of(part, ranks, view) -> List[int]:
+    """Indices into ``ranks`` in pipeline order, from the partition's stage ranks."""
+    return [ranks.index(r) for r in part.ranks]
+
+
+def _stage_sync_s(view, replicas) -> float:
+    """All-reduce of each stage's gradients across the replicas, slowest position (counted fully exposed:
+    the buckets launch during each stage's last backward, but the slowest replica's end bounds them)."""
+    first = next(r.part for r in replicas if r.part is not None)
+    grads: Dict[int, int] = {}
+    for st in first.stages:
+        pos = st.stage % len(first.busy_s)
+        grads[pos] = grads.get(pos, 0) + sum(c.grad_bytes for c in view.profiles[st.rank].layers[st.first:st.last])
+    return max(view.allreduce_s(b) for b in grads.values())
+
+
+def _optimizer_s(view, replicas) -> float:
+    total = sum(c.param_bytes for c in view.profiles[0].layers)
+    worst = 0.0
+    for rep in replicas:
+        if rep.part is None:
+            continue
+        held: Dict[int, int] = {}
+        for st in rep.part.stages:
+            held[st.rank] = held.get(st.rank, 0) + sum(c.param_bytes
+                                                         for c in view.profiles[st.rank].layers[st.first:st.last])
+        worst = max(worst, *(view.optimizer_s[r] * b / total for r, b in held.items()))
+    return worst
+
+
+def _to_plan(view, replicas, choice: Optional[ScheduleChoice], global_batch: int, seq_len: int, name: str,
+             bucket_bytes: Optional[int]) -> Plan:
+    world = view.world_size
+    ranks = [RankPlan(r, 0.0, device=view.devices[r]) for r in range(world)]
+    first = next(rep.part for rep in replicas if rep.part is not None)
+    cuts, v = first.cuts, first.virtual_stages
+    groups = [GroupPlan("dp", list(range(world)), **({"bucket_bytes": bucket_bytes} if bucket_bytes else {}))]
+    for i, rep in enumerate(replicas):
+        m = rep.part.micro_batches if rep.part is not None else 1
+        groups.append(GroupPlan(f"pp:{i}", list(rep.order), micro_batches=m, schedule=first.schedule,
+                                virtual_stages=v, cuts=list(cuts),
+                                **({"bucket_bytes": bucket_bytes} if bucket_bytes else {})))
+        for pos, r in enumerate(rep.order):
+            ranks[r].stage = pos
+            ranks[r].layers = (cuts[pos], cuts[pos + 1]) if v == 1 else None
+        ranks[rep.order[0]].batch_share = rep.rows / global_batch
+    plan = Plan(global_batch, seq_len, ranks, groups, name=name)
+    want = {rep.order[0]: rep.rows for rep in replicas}
+    got = plan.batch_counts()
+    if any(got[r] != n for r, n in want.items()):   # float shares must give back the exact rows
+        raise AssertionError(f"pipeline rows {want} came back as {got}")
+    return plan.validate(world)
