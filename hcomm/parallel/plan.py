@@ -285,7 +285,8 @@ def _rank_table(plan: Plan) -> List[str]:
 
 def _group_table(groups: List[GroupPlan]) -> List[str]:
     columns = [("name", [g.name for g in groups]),
-               ("ranks", [_compact_ranks(g.ranks) for g in groups]),
+               ("ranks", [",".join(map(str, g.ranks)) if g.name.startswith("pp:") else _compact_ranks(g.ranks)
+                          for g in groups]),   # a pipeline's ranks in pipeline order
                ("bucket MiB", [f"{g.bucket_bytes / 2**20:g}" for g in groups]),
                ("compression", [g.compression for g in groups]),
                ("sync every", [str(g.sync_every) for g in groups])]

@@ -99,6 +99,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--pp must be >= 1, got {args.pp}")
     if args.microbatches is not None and args.microbatches < 1:
         p.error(f"--microbatches must be >= 1, got {args.microbatches}")
+    if args.pp > 1 and args.microbatches and args.global_batch % args.microbatches:
+        p.error(f"--microbatches {args.microbatches} does not divide --global-batch {args.global_batch}")
     if args.pp > 1 and (args.zero or args.sync_every > 1):
         p.error(f"--pp {args.pp} runs with plain data parallelism across replicas: not with --zero or --sync-every")
     if args.zero and args.sync_every > 1:

@@ -118,6 +118,7 @@ def make_plans(args, view) -> List:
                                          **_pinned(args, pins, view.world_size, base))
         elif base == "uniform":
             plan = Plan.uniform(view.world_size, args.global_batch, args.seq_len)
+            plan.name = entry   # as auto's and the pipelines': "uniform@zero=1" and "uniform" stay apart
             plan.backend = "ddp-gloo"
             limit = int(min(micro_batch_limits(view, zero_stage=_zero_stage(args, pins))))
             for r in plan.ranks:
@@ -146,6 +147,9 @@ def pipeline_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
 
     if base == "equal" or _zero_stage(args, pins) or int(pins.get("sync_every", args.sync_every)) > 1:
         raise ValueError(f"--plan {entry}: a pipeline runs as auto or uniform, without zero or sync_every")
+    if args.dp_shares is not None or "shares" in pins:
+        raise ValueError(f"--plan {entry}: a pipeline's rows per replica come from the planner (or a plan file); "
+                         f"--dp-shares / @shares do not apply with --pp")
     split = pins.get("split", "uniform" if base == "uniform" else "auto")
     micro = pins.get("microbatches", getattr(args, "microbatches", None))
     bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
@@ -153,7 +157,8 @@ def pipeline_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
                          boundary=boundary_bytes(get_config(args.model).dim, args.seq_len),
                          schedule=pins.get("schedule", getattr(args, "schedule", None)),
                          micro_batches=int(micro) if micro else None, name=entry,
-                         bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None)
+                         bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
+                         compression=pins.get("compress", args.compress))
 
 
 def apply_zero(plan, view, stage: int, base: str, *, layout: str = "auto", prefetch: int = 1) -> None:

@@ -50,3 +50,26 @@ def test_a_model_that_does_not_fit_stops_every_rank_first(emulator, tmp_path):
     text = out.stdout + out.stderr
     for rank in (0, 1):
         assert f"r{rank}] hcomm train: error: the model does not fit rank 1 (V100): parameters, gradients" in text
+
+
+def test_pipeline_places_more_work_on_the_faster_rank(emulator, tmp_path):
+    """mixed-speed, 2 stages: the planned pieces follow the measured speeds (the A100 rank's stages take
+    more forward+backward seconds per micro-batch than the V100's own would at equal pieces), the run
+    trains, and its per-step losses equal the uniform split's (same global batches, fp32)."""
+    out_json = tmp_path / "run.json"
+    out = _train(tmp_path, "--cluster", "mixed-speed", *TINY, "--global-batch", "8", "--steps", "2",
+                 "--pp", "2", "--plan", "auto,uniform", "--json", str(out_json))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    doc = json.loads(out_json.read_text())
+    auto, uniform = doc["runs"]
+    pp = next(g for g in auto["plan"]["groups"] if g["name"].startswith("pp:"))
+    cuts, order, v = pp["cuts"], pp["ranks"], pp.get("virtual_stages", 1)
+    # work on one scale (rank 0's measured seconds per piece): the A100 (rank 0) holds more of it
+    seconds = [c["fwd_s"] + c["bwd_s"] for c in doc["cluster"]["profiles"][0]["layers"]]
+    work = {r: 0.0 for r in order}
+    for k in range(len(cuts) - 1):
+        work[order[k % len(order)]] += sum(seconds[cuts[k]:cuts[k + 1]])
+    assert work[0] > work[1], (cuts, order, v, work)
+    assert auto["predicted_step_s"] < uniform["predicted_step_s"]
+    for a, u in zip(auto["steps"], uniform["steps"]):
+        assert a["loss"] == pytest.approx(u["loss"], rel=1e-4)

@@ -79,7 +79,7 @@ def test_zero_pins():
     assert parse_entry("auto@zero=2@prefetch=0") == ("auto", {"zero": "2", "prefetch": "0"})
     with pytest.raises(ValueError, match="zero must be 0, 1, 2 or 3, got '4'"):
         parse_entry("auto@zero=4")
-    with pytest.raises(ValueError, match="pins other than zero apply to auto and equal only"):
+    with pytest.raises(ValueError, match="pins other than zero and the pipeline.s apply to auto and equal only"):
         parse_entry("uniform@prefetch=2")
 
 

@@ -35,11 +35,32 @@ def test_one_plan_does_not_compare():
     (["--bucket-mb", "0.0001"], "--bucket-mb must be at least 1 KiB"),
     (["--plan", "fastest"], "'fastest' is not auto, equal, uniform or a readable plan file"),
     (["--plan", "auto@buckets=4"], "'buckets=4' is not KEY=VALUE with KEY one of bucket_mb"),
-    (["--plan", "uniform@sync_every=8"], "pins other than zero apply to auto and equal only"),
-        (["--zero", "3", "--sync-every", "4"], "--zero 3 shards one optimizer over every rank; it cannot run with --sync-every 4"),
-        (["--prefetch", "-1"], "--prefetch must be >= 0, got -1"),
+    (["--plan", "uniform@sync_every=8"], "pins other than zero and the pipeline's apply to auto and equal only"),
+    (["--zero", "3", "--sync-every", "4"], "--zero 3 shards one optimizer over every rank; it cannot run with --sync-every 4"),
+    (["--prefetch", "-1"], "--prefetch must be >= 0, got -1"),
     (["--model", "gpt-5"], "--model: unknown model config 'gpt-5'"),
     (["--compress", "fp4"], "--compress:"),
+    # pipeline parallelism
+    (["--pp", "0"], "--pp must be >= 1, got 0"),
+    (["--pp", "2", "--microbatches", "5"], "--microbatches 5 does not divide --global-batch 24"),
+    (["--pp", "-2"], "--pp must be >= 1, got -2"),
+    (["--microbatches", "0"], "--microbatches must be >= 1, got 0"),
+    (["--pp", "2", "--zero", "1"],
+     "--pp 2 runs with plain data parallelism across replicas: not with --zero or --sync-every"),
+    (["--pp", "2", "--sync-every", "4"],
+     "--pp 2 runs with plain data parallelism across replicas: not with --zero or --sync-every"),
+    (["--schedule", "bar"], "argument --schedule: invalid choice: 'bar'"),
+    (["--plan", "auto@pp=x"], "--plan auto@pp=x: pp must be a positive integer, got 'x'"),
+    (["--plan", "auto@pp=0"], "--plan auto@pp=0: pp must be a positive integer, got '0'"),
+    (["--plan", "auto@microbatches=-1"], "--plan auto@microbatches=-1: microbatches must be a positive integer, "
+                                         "got '-1'"),
+    (["--plan", "auto@pp=2@split=foo"], "--plan auto@pp=2@split=foo: split must be auto, uniform or parameters, "
+                                        "got 'foo'"),
+    (["--plan", "auto@pp=2@schedule=bar"], "--plan auto@pp=2@schedule=bar: schedule must be gpipe, 1f1b or "
+                                           "interleaved-1f1b, got 'bar'"),
+    (["--plan", "auto,uniform@schedule=interleaved"], "--plan uniform@schedule=interleaved: schedule must be "
+                                                     "gpipe, 1f1b or interleaved-1f1b, got 'interleaved'"),
+    (["--plan", "auto@pipeline=2"], "'pipeline=2' is not KEY=VALUE with KEY one of bucket_mb"),
 ])
 def test_bad_arguments_are_named(capsys, argv, words):
     assert words in _error(capsys, argv)
@@ -48,3 +69,63 @@ def test_bad_arguments_are_named(capsys, argv, words):
 def test_plan_entries_parse():
     assert parse_entry("auto@bucket_mb=4@compress=bf16") == ("auto", {"bucket_mb": "4", "compress": "bf16"})
     assert parse_entry("uniform") == ("uniform", {})
+
+
+def test_pipeline_arguments_parse():
+    args = parse(["--pp", "2", "--schedule", "gpipe", "--microbatches", "4", "--plan", "auto,uniform"])
+    assert (args.pp, args.schedule, args.microbatches) == (2, "gpipe", 4)
+    assert parse_entry("auto@pp=2@split=parameters@schedule=interleaved-1f1b@microbatches=8") == (
+        "auto", {"pp": "2", "split": "parameters", "schedule": "interleaved-1f1b", "microbatches": "8"})
+    assert parse_entry("uniform@pp=4@zero=0") == ("uniform", {"pp": "4", "zero": "0"})
+
+
+def _view(world):
+    """Equal speeds on synthetic 9-piece profiles (tests/parallel/test_plan_pipeline.py; planning only)."""
+    from tests.parallel.test_plan_pipeline import view
+
+    return view([1.0] * world)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--plan", "auto@pp=2@zero=1"], "--plan auto@pp=2@zero=1: a pipeline runs as auto or uniform, without zero or "
+                                     "sync_every"),
+    (["--plan", "auto@pp=2@sync_every=4"], "a pipeline runs as auto or uniform, without zero or sync_every"),
+    (["--plan", "equal@pp=2"], "--plan equal@pp=2: a pipeline runs as auto or uniform"),
+    (["--pp", "3", "--plan", "auto"], "--pp 3: the 4 ranks do not form equal pipelines of 3 stages"),
+    (["--plan", "auto@pp=2@microbatches=5"], "--microbatches 5 does not divide --global-batch 24"),
+    (["--plan", "auto@pp=16"], "--pp 16: the model has only 9 pieces"),
+    (["--pp", "2", "--dp-shares", "0.7,0.1,0.1,0.1", "--plan", "auto"], "--dp-shares / @shares do not apply with --pp"),
+    (["--plan", "auto@pp=2@shares=equal"], "--dp-shares / @shares do not apply with --pp"),
+])
+def test_pipeline_plans_refused_when_planned(argv, words):
+    """Combinations that depend on the cluster (rank count, pieces) or on a pin are refused when planned.
+    (The synthetic profiles have 9 pieces, hence "only 9 pieces" for the tiny model here.)"""
+    from hcomm.train.plans import make_plans
+
+    args = parse(["--model", "tiny", *argv])
+    with pytest.raises(ValueError) as info:
+        make_plans(args, _view(4))
+    assert words in str(info.value)
+
+
+def test_every_plan_is_named_by_its_entry():
+    """The DDP baseline too: ``uniform`` and ``uniform@pp=1`` next to a ``--pp 2`` uniform pipeline, or
+    ``uniform@zero=1``, are told apart in the report and the JSON."""
+    from hcomm.train.plans import make_plans
+
+    args = parse(["--model", "tiny", "--pp", "2", "--plan", "uniform,uniform@pp=1,auto,auto@pp=1"])
+    plans = make_plans(args, _view(4))
+    assert [p.name for p in plans] == ["uniform", "uniform@pp=1", "auto", "auto@pp=1"]
+    assert [bool(p.pipeline_groups()) for p in plans] == [True, False, True, False]
+    assert plans[1].backend == "ddp-gloo"
+    zero = make_plans(parse(["--model", "tiny", "--plan", "uniform,uniform@zero=1"]), _view(4))
+    assert [p.name for p in zero] == ["uniform", "uniform@zero=1"]
+
+
+def test_pipeline_replicas_compress_their_gradient_sync():
+    """``--compress`` and ``@compress`` reach the dp group of a pipeline plan (the stage replicas' all-reduce)."""
+    from hcomm.train.plans import make_plans
+
+    args = parse(["--model", "tiny", "--pp", "2", "--compress", "bf16", "--plan", "auto,auto@compress=fp16"])
+    plans = make_plans(args, _view(4))
+    assert [p.dp_group().compression for p in plans] == ["bf16", "fp16"]

@@ -78,7 +78,7 @@ class _Replica:
 
 def plan_pipeline(view, global_batch: int, seq_len: int, *, stages: int, boundary: int, split: str = "auto",
                   schedule: Optional[str] = None, micro_batches: Optional[int] = None, name: str = "",
-                  bucket_bytes: Optional[int] = None) -> Plan:
+                  bucket_bytes: Optional[int] = None, compression: str = "none") -> Plan:
     """The pipeline plan for ``stages`` stages per replica (see the module docstring)."""
     if split not in SPLITS:
         raise ValueError(f"pipeline split must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -97,13 +97,15 @@ def plan_pipeline(view, global_batch: int, seq_len: int, *, stages: int, boundar
     trials.sort(key=lambda t: t[1])
     label, step_s, replicas, choice, sync_s, opt_s = trials[0]
     plan = _to_plan(view, replicas, choice, global_batch, seq_len, name or split, bucket_bytes)
+    plan.dp_group().compression = compression   # the stage replicas' gradient all-reduce, weak tier only
     plan.predicted_step_s = step_s
     lead = replicas[0].part
     plan.notes = [f"pipeline ({split} split): {len(replicas)} replica(s) of {stages} stages, {label}; "
                   f"rows {[r.rows for r in replicas]}; predicted step {step_s * 1e3:.0f} ms = slowest replica "
                   f"{max(r.step_s for r in replicas) * 1e3:.0f} ms + stage gradient sync {sync_s * 1e3:.0f} ms "
                   f"+ optimizer {opt_s * 1e3:.0f} ms",
-                  f"balanced ideal of replica 0 (same profiles, work split continuously, free links): "
+                  f"balanced ideal of replica 0 (every stage the same time: work split continuously by speed, "
+                  f"free links, same schedule; uneven stages can beat it under interleaving): "
                   f"{balanced_ideal_s(view, replicas[0].order, lead) * 1e3:.0f} ms",
                   *str(lead).splitlines()]
     if choice is not None:
@@ -116,7 +118,8 @@ def plan_pipeline(view, global_batch: int, seq_len: int, *, stages: int, boundar
 def balanced_ideal_s(view, order: Sequence[int], part) -> float:
     """The step of a perfectly balanced pipeline on these devices: the work of one micro-batch split so
     every stage takes the same time (fractions inverse to each device's time), free links, the same
-    schedule and micro-batch count."""
+    schedule and micro-batch count.  The issue's reference point, not a lower bound: with interleaving,
+    unequal chunks (a light first one) can shrink the bubble below it."""
     if part is None:
         return 0.0
     mb = part.micro_batch
