@@ -13,6 +13,7 @@ from typing import List, Optional
 SUBCOMMANDS = {
     "train": ("hcomm.train.cli", "train a Llama-style model: hcomm's plan vs the homogeneous baseline (the main job)"),
     "plan": ("hcomm.train.plan_cli", "print the plan auto would run, its predicted step time and what it beat"),
+    "calibrate": ("hcomm.parallel.calibrate", "per-piece deviation of each compute dtype from fp32 on one device kind"),
     "demo": ("hcomm.demo", "spawn local ranks and compare hcomm with gloo (collectives only)"),
     "bench": ("hcomm.bench.cli", "nccl-tests style bandwidth benchmarks: hcomm bench OP ..."),
     "topo": ("hcomm.bench.topo", "measured link matrix (alpha, beta) as a table and a heatmap"),

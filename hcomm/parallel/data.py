@@ -45,6 +45,7 @@ class GradSync:
             raise ValueError(f"GradSync weight must be in [0, 1] (n_r / N), got {weight}")
         self.group = group
         self.weight = float(weight)
+        self.grad_scale = 1.0   # the loss scale this rank's backward ran with (fp16): unscaled in the reduction
         self.params = unique_trainable(list(model.parameters()))
         if not self.params:
             raise ValueError("GradSync: the model has no trainable parameters")
@@ -133,12 +134,12 @@ class GradSync:
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and self._ready[self._next] >= len(self.buckets[self._next].params):
             b = self.buckets[self._next]
-            if b.extra:
-                b.extra_slots()[0] = self._local_loss
+            if b.extra:   # pre-scaled so the loss comes out weighted but not unscaled (S is a power of 2: exact)
+                b.extra_slots()[0] = self._local_loss * self.grad_scale
             if self.weight == 0.0:
                 b.buffer.zero_()  # exact zeros even if a stray NaN was accumulated
-            elif self.weight != 1.0:
-                b.buffer.mul_(self.weight)
+            elif self.weight != self.grad_scale:
+                b.buffer.mul_(self.weight / self.grad_scale)
             self._works[self._next] = dist.all_reduce(b.buffer, op=dist.ReduceOp.SUM, group=self.group,
                                                       async_op=True)
             self._next += 1

@@ -60,6 +60,8 @@ class StepTimes:
     outer_s: float = 0.0        # cross-island outer sync (0 on inner steps)
     step_s: float = 0.0
     zero: dict = field(default_factory=dict)  # ZeRO: bytes moved, exposed and overlapped seconds (per unit)
+    skipped: bool = False              # a non-finite gradient somewhere: no optimizer step on any rank
+    loss_scale: float = 1.0            # fp16 ranks: the dynamic loss scale this step ran with
     local_loss: float = float("nan")   # this rank's mean loss over its samples (nan with no samples)
     global_loss: float = float("nan")  # the plan's global-batch loss when the sync carried it
 
@@ -78,7 +80,9 @@ class ParallelModel:
     ddp: Optional[torch.nn.Module] = None
     zero: Optional[object] = None           # hcomm.parallel.zero.runner.ZeroRunner
     pipe: Optional[object] = None           # hcomm.parallel.pipeline.runtime.Pipeline
+    precision: Optional[object] = None      # hcomm.parallel.precision.Precision (DP with a low compute dtype)
     groups: Optional[Groups] = None
+    tp_position: int = 0                    # this rank's position in its tensor-parallel group
     steps: int = 0
     notes: List[str] = field(default_factory=list)
 
@@ -108,15 +112,23 @@ class ParallelModel:
             times.compute_s = time.perf_counter() - start
         else:
             self.sync.zero_grad()
+            if self.precision is not None:
+                self.sync.grad_scale = times.loss_scale = self.precision.scale
             if self.samples == 0:
                 self.sync.sync_without_backward()
             else:
                 times.local_loss = self._forward_backward(rows)
+                if self.tp_position:   # the TP group's loss is counted once, on its first rank
+                    times.local_loss = float("nan")
             times.compute_s = time.perf_counter() - start
             times.sync_wait_s = self.sync.wait()
             times.global_loss = self.sync.global_loss()
         t = time.perf_counter()
-        optimizer.step()
+        if self.precision is not None and self.precision.overflow((p.grad for p in self.sync.params),
+                                                                  self.groups.default):
+            times.skipped = True   # every rank agrees: the same step is skipped everywhere
+        else:
+            optimizer.step()
         times.optimizer_s = time.perf_counter() - t
         if self.outer is not None and self.outer.due(self.steps):
             times.outer_s = self.outer.step()
@@ -133,14 +145,17 @@ class ParallelModel:
         denominator = float(rows.shape[0] * self.seq_len)
         chunks = self._chunks(rows)
         total = 0.0
+        autocast = self.precision.autocast if self.precision is not None else contextlib.nullcontext
+        scale = self.sync.grad_scale
         for i, chunk in enumerate(chunks):
-            loss = self.model.loss(chunk, reduction="sum") / denominator
+            with autocast():   # a low compute dtype: matmuls in it, parameters and .grad stay fp32
+                loss = self.model.loss(chunk, reduction="sum") / denominator
             value = float(loss.detach())
             total += value
             self.sync.add_loss(value)   # before the last backward: the last bucket carries it
             last = i == len(chunks) - 1
             with (contextlib.nullcontext() if last else self.sync.accumulating()):
-                loss.backward()
+                (loss * scale if scale != 1.0 else loss).backward()
         return total
 
     def _ddp_forward_backward(self, rows: torch.Tensor) -> float:
@@ -171,8 +186,8 @@ class ParallelModel:
 
     @property
     def collective_eval(self) -> bool:
-        """FSDP2's forward gathers on every rank: then every rank must run the evaluation."""
-        return self.plan.backend == "fsdp2-gloo"
+        """FSDP2's and tensor parallelism's forward talk to other ranks: then every rank runs the evaluation."""
+        return self.plan.backend == "fsdp2-gloo" or bool(self.plan.tensor_groups())
 
     def parameters(self) -> List[torch.nn.Parameter]:
         """What the optimizer steps: the model's parameters, or under ZeRO this rank's fp32 master shards."""
@@ -223,6 +238,9 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
     if plan.pipeline_groups():
         _pipeline(pm, dp.bucket_bytes, dp.compression)
         return pm
+    if plan.tensor_groups():
+        _tensor(pm, dp.bucket_bytes, dp.compression)
+        return pm
     if plan.backend in ("ddp-gloo", "fsdp2-gloo"):
         if len(set(counts)) != 1:
             raise ValueError(f"the {plan.backend} baseline averages over ranks and needs equal batches; "
@@ -254,6 +272,14 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
         pm.sync = GradSync(model, groups.hcomm, weight=counts[rank] / global_batch, bucket_bytes=dp.bucket_bytes)
     # Only traffic between islands is compressed: every step's gradients, or the outer sync's deltas.
     hcomm.set_compression(dp.compression, group=groups.hcomm)
+    if any(r.compute_dtype != "fp32" for r in plan.ranks):
+        from hcomm.parallel.devices import local_device_name
+        from hcomm.parallel.precision import Precision
+
+        if dp.sync_every > 1:
+            raise ValueError("per-device precision runs with synchronous data parallelism (sync_every 1)")
+        pm.precision = Precision(me.compute_dtype, rank=rank, device=local_device_name(),
+                                 device_type=next(model.parameters()).device.type)
     return pm
 
 
@@ -294,3 +320,30 @@ def _gather_stages(model: torch.nn.Module, plan: Plan, group) -> None:
         for piece in pieces[a:b]:
             for tensor in [*piece.parameters(), *piece.buffers()]:
                 dist.broadcast(tensor.data, src=owner, group=group)
+
+
+def _tensor(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
+    """This rank's shard of the model in its TP group; ranks at one position of every group sync gradients.
+
+    Every rank of a TP group runs the group's rows (the plan gives them to its first rank)."""
+    import hcomm
+    from hcomm.parallel.pipeline.runtime import make_pipeline_groups
+    from hcomm.parallel.tensor.parallelize import tensor_parallelize
+
+    plan = pm.plan
+    groups = plan.tensor_groups()
+    # the same shape as pipeline replicas: groups[i].ranks[p] -> (this rank's TP group, its position's group)
+    tp_group, position_group = make_pipeline_groups([g.ranks for g in groups])
+    if position_group is None:   # one TP group: each position syncs with itself (nothing crosses a link)
+        singles = [dist.new_group([r], backend="gloo") for r in range(plan.world_size)]
+        position_group = singles[pm.rank]
+    else:   # replicas of a shard: only their traffic between islands is compressed
+        hcomm.set_compression(compression, group=position_group)
+    mine = next(g for g in groups if pm.rank in g.ranks)
+    pm.tp_position = mine.ranks.index(pm.rank)
+    counts, offsets = plan.batch_counts(), plan.batch_offsets()
+    pm.samples, pm.offset = counts[mine.ranks[0]], offsets[mine.ranks[0]]
+    fractions = [plan.ranks[r].tp_fraction for r in mine.ranks]
+    # shards follow the plan's order (fastest first), whatever order torch numbers the group's ranks in
+    pm.model = tensor_parallelize(pm.model, tp_group, fractions, index=pm.tp_position)
+    pm.sync = GradSync(pm.model, position_group, weight=pm.samples / plan.global_batch, bucket_bytes=bucket_bytes)

@@ -141,6 +141,10 @@ class Plan:
     def pipeline_of(self, rank: int) -> Optional[GroupPlan]:
         return next((g for g in self.pipeline_groups() if rank in g.ranks), None)
 
+    def tensor_groups(self) -> List[GroupPlan]:
+        """The tensor-parallel groups ("tp:<i>", ranks in shard order); empty without TP."""
+        return [g for g in self.groups if g.name.startswith("tp:")]
+
     def validate(self, world_size: Optional[int] = None) -> "Plan":
         """Raises :class:`PlanError` naming the field and rank of the first problem; returns self."""
         check_plan(self, world_size)
@@ -264,7 +268,7 @@ _Dumper.add_representer(list, _represent_list)
 
 def _rank_table(plan: Plan) -> List[str]:
     ranks, counts = plan.ranks, plan.batch_counts()
-    for g in plan.pipeline_groups():   # every rank of a pipeline replica runs the replica's rows
+    for g in plan.pipeline_groups() + plan.tensor_groups():   # every rank of a replica runs its rows
         counts = [counts[g.ranks[0]] if r in g.ranks else n for r, n in enumerate(counts)]
     columns = [("rank", [str(r.rank) for r in ranks]),
                ("device", [r.device or "-" for r in ranks]),
@@ -285,7 +289,7 @@ def _rank_table(plan: Plan) -> List[str]:
 
 def _group_table(groups: List[GroupPlan]) -> List[str]:
     columns = [("name", [g.name for g in groups]),
-               ("ranks", [",".join(map(str, g.ranks)) if g.name.startswith("pp:") else _compact_ranks(g.ranks)
+               ("ranks", [",".join(map(str, g.ranks)) if g.name.startswith(("pp:", "tp:")) else _compact_ranks(g.ranks)
                           for g in groups]),   # a pipeline's ranks in pipeline order
                ("bucket MiB", [f"{g.bucket_bytes / 2**20:g}" for g in groups]),
                ("compression", [g.compression for g in groups]),

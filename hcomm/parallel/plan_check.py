@@ -101,6 +101,8 @@ def check_plan(plan: Any, world_size: Optional[int]) -> None:
     _check_groups(plan.groups, len(plan.ranks))
     _check_zero(plan)
     _check_pipeline(plan)
+    _check_tensor(plan)
+    _check_precision(plan)
 
 
 def _check_top(plan: Any) -> None:
@@ -172,7 +174,7 @@ def _check_rank(r: Any, where: str) -> None:
                             f"got {tuple(r.layers)}")
     if r.tp_group < 0:
         raise PlanError(f"{where}.tp_group: must be >= 0, got {r.tp_group}")
-    if not 0 < r.tp_fraction <= 1:
+    if not 0 < r.tp_fraction <= 1:   # a rank of a TP group holds a shard
         raise PlanError(f"{where}.tp_fraction: must be in (0, 1], got {r.tp_fraction}")
     if r.zero_stage not in (0, 1, 2, 3):
         raise PlanError(f"{where}.zero_stage: must be 0, 1, 2 or 3, got {r.zero_stage}")
@@ -278,6 +280,19 @@ def check_compression(text: str, where: str) -> None:
         raise PlanError(f"{where}: error feedback ({text!r}) needs a compressed wire format, not {name!r}")
 
 
+def _each_rank_once(plan: Any, groups: List[Any], kind: str, none: str) -> None:
+    """Every rank in exactly one of ``groups`` (pairs of index and group)."""
+    owner: Dict[int, str] = {}
+    for i, g in groups:
+        for r in g.ranks:
+            if r in owner:
+                raise PlanError(f"groups[{i}].ranks: rank {r} is in {kind} {owner[r]!r} too; each rank is in one")
+            owner[r] = g.name
+    lacking = sorted(set(range(len(plan.ranks))) - set(owner))
+    if lacking:
+        raise PlanError(f"groups: ranks {', '.join(map(str, lacking))} are in no {none}")
+
+
 def _check_pipeline(plan: Any) -> None:
     """Pipeline replicas ("pp:*" groups): same depth and stage cuts, every rank in one, stage = position,
     the batch rows given to each replica's first rank, a schedule that can run its micro-batches."""
@@ -290,16 +305,7 @@ def _check_pipeline(plan: Any) -> None:
                 raise PlanError(f"ranks[{i}]: stage {r.stage} / layers {r.layers} set, but the plan has no "
                                 f"pipeline ('pp:*') groups")
         return
-    owner: Dict[int, str] = {}
-    for i, g in pipes:
-        for r in g.ranks:
-            if r in owner:
-                raise PlanError(f"groups[{i}].ranks: rank {r} is in pipeline {owner[r]!r} too; each rank is in one")
-            owner[r] = g.name
-    lacking = sorted(set(range(len(plan.ranks))) - set(owner))
-    if lacking:
-        raise PlanError(f"groups: ranks {', '.join(map(str, lacking))} are in no pipeline ('pp:*') group; with "
-                        f"pipelining every rank holds a stage")
+    _each_rank_once(plan, pipes, "pipeline", "pipeline ('pp:*') group; with pipelining every rank holds a stage")
     if plan.backend != "hcomm" or plan.ranks[0].zero_stage or plan.dp_group().sync_every > 1:
         raise PlanError("pipeline groups run on backend 'hcomm' with zero_stage 0 and sync_every 1 "
                         f"(got backend {plan.backend!r}, zero_stage {plan.ranks[0].zero_stage}, "
@@ -339,3 +345,62 @@ def _check_pipeline(plan: Any) -> None:
                             f"into {g.micro_batches} equal micro-batches")
     if len(pipes) == 1 and counts[first.ranks[0]] == 0:
         raise PlanError(f"groups[{first_i}]: the only pipeline gets no rows")
+
+
+def _check_precision(plan: Any) -> None:
+    """Compute dtypes the rank's device kind has; low precision only on hcomm's plain data parallelism."""
+    from hcomm.parallel.devices import DEVICE_KINDS
+
+    for i, r in enumerate(plan.ranks):
+        kind = DEVICE_KINDS.get(r.device.strip().upper()) if r.device else None
+        if kind is not None and r.compute_dtype not in kind.dtypes:
+            raise PlanError(f"ranks[{i}].compute_dtype: {kind.name} cannot compute in {r.compute_dtype} "
+                            f"({kind.notes}); it supports {', '.join(kind.dtypes)}")
+    low = [i for i, r in enumerate(plan.ranks) if r.compute_dtype != "fp32"]
+    if not low:
+        return
+    fp8 = [i for i in low if plan.ranks[i].compute_dtype == "fp8"]
+    if fp8:   # every rank must learn this before the first collective, not only the fp8 rank
+        raise PlanError(f"ranks[{fp8[0]}].compute_dtype: fp8 compute is not implemented in hcomm yet; use bf16 or fp16")
+    if plan.backend != "hcomm" or plan.ranks[0].zero_stage or plan.pipeline_groups() or \
+            any(g.sync_every > 1 for g in plan.groups):
+        raise PlanError(f"ranks[{low[0]}].compute_dtype: {plan.ranks[low[0]].compute_dtype} runs on hcomm's "
+                        f"synchronous data parallelism for now (not with ZeRO, pipelines, sync_every or a torch "
+                        f"backend)")
+
+
+def _check_tensor(plan: Any) -> None:
+    """Tensor-parallel groups ("tp:<i>"): every rank in one, tp_group = i, fractions > 0 summing to 1 and the
+    same at each position in every group (ranks at one position all-reduce the same shard), the rows given
+    to each group's first rank."""
+    groups = [(i, g) for i, g in enumerate(plan.groups) if g.name.startswith("tp:")]
+    if not groups:
+        for i, r in enumerate(plan.ranks):
+            if r.tp_group != 0 or r.tp_fraction != 1.0:
+                raise PlanError(f"ranks[{i}]: tp_group {r.tp_group} / tp_fraction {r.tp_fraction:g} set, but the plan "
+                                f"has no tensor-parallel ('tp:*') groups")
+        return
+    _each_rank_once(plan, groups, "TP group", "tensor-parallel ('tp:*') group")
+    if plan.backend != "hcomm" or plan.ranks[0].zero_stage or plan.pipeline_groups() or \
+            plan.dp_group().sync_every > 1:
+        raise PlanError("tensor-parallel groups run on backend 'hcomm' without ZeRO, pipelines or sync_every > 1")
+    first = [plan.ranks[r].tp_fraction for r in groups[0][1].ranks]
+    for i, g in groups:
+        index = g.name.split(":", 1)[1]
+        fractions = [plan.ranks[r].tp_fraction for r in g.ranks]
+        for pos, r in enumerate(g.ranks):
+            rp = plan.ranks[r]
+            if str(rp.tp_group) != index:
+                raise PlanError(f"ranks[{r}].tp_group: is {rp.tp_group}, but rank {r} is in {g.name!r}")
+            if pos and rp.batch_share:
+                raise PlanError(f"ranks[{r}].batch_share: {rp.batch_share:g}, but only a TP group's first rank "
+                                f"(rank {g.ranks[0]} of {g.name!r}) takes a share: it is the group's rows")
+        if abs(sum(fractions) - 1.0) > 1e-6:
+            raise PlanError(f"groups[{i}] ({g.name}): the ranks' tp_fraction {fractions} sum to {sum(fractions):.9g}, "
+                            f"not 1")
+        if fractions != first:
+            raise PlanError(f"groups[{i}] ({g.name}): tp_fraction {fractions} differ from {groups[0][1].name!r}'s "
+                            f"{first}: ranks at one position of every TP group hold the same shard")
+    if any(r.compute_dtype != "fp32" for r in plan.ranks):
+        raise PlanError("tensor parallelism with low compute dtypes is not supported yet (the activations a TP "
+                        "group sums would need one dtype)")

@@ -53,6 +53,12 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
                    help="ZeRO shards over every rank (flat) or inside each island, replicated across (island); "
                         "auto: whichever the cost model predicts faster")
     p.add_argument("--prefetch", type=int, default=1, help="ZeRO-3: gathers issued this many units ahead")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "per-device"],
+                   help="per-device: each rank computes in its device kind's best dtype (bf16 on A100/H800/910B, "
+                        "fp16 with loss scaling on V100); parameters, optimizer state and reductions stay fp32")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel group size (ranks / TP groups of data parallelism); auto splits heads, MLP "
+                        "features and vocabulary by measured speed, uniform evenly (Megatron)")
     p.add_argument("--pp", type=int, default=1,
                    help="pipeline stages per replica (ranks / STAGES replicas); auto places pieces by measured "
                         "speed and memory, uniform splits blocks evenly (Megatron)")
@@ -95,6 +101,11 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--sync-every must be >= 1, got {args.sync_every}")
     if args.prefetch < 0:
         p.error(f"--prefetch must be >= 0, got {args.prefetch}")
+    if args.tp < 1:
+        p.error(f"--tp must be >= 1, got {args.tp}")
+    if args.tp > 1 and (args.pp > 1 or args.zero or args.sync_every > 1 or args.precision != "fp32"):
+        p.error(f"--tp {args.tp} runs with plain data parallelism across TP groups: not with --pp, --zero, "
+                f"--sync-every or --precision per-device (yet)")
     if args.pp < 1:
         p.error(f"--pp must be >= 1, got {args.pp}")
     if args.microbatches is not None and args.microbatches < 1:

@@ -107,7 +107,7 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     dist.all_gather_object(gathered, mine, group=groups.default)
     result.counts = [r[-1]["samples"] for r in gathered]
     if rank == 0 or pm.collective_eval:
-        result.eval_loss = _evaluate(model, eval_tokens, args.eval_batches, plan.global_batch, plan.seq_len)
+        result.eval_loss = _evaluate(pm.model, eval_tokens, args.eval_batches, plan.global_batch, plan.seq_len)
     if rank == 0:
         result.steps = _records(gathered, losses, tokens_per_step)
         walls = sorted(r["seconds"] for r in result.steps[args.warmup_steps:])
@@ -178,5 +178,7 @@ def _records(per_rank: List[List[dict]], losses: List[float], tokens_per_step: i
         for s, r in zip(split, ranks):
             s["comm_s"] = max(0.0, r["sync_wait_s"] - s["idle_s"]) + r["outer_s"]
         records.append(dict(step=step, loss=loss, tokens=tokens_per_step,
-                            seconds=max(r["step_s"] for r in ranks), ranks=split))
+                            seconds=max(r["step_s"] for r in ranks), ranks=split,
+                            skipped=any(r.get("skipped") for r in ranks),
+                            loss_scales=[r.get("loss_scale", 1.0) for r in ranks]))
     return records

@@ -34,8 +34,8 @@ import os
 from typing import Dict, List, Tuple
 
 KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "zero", "prefetch",
-        "pp", "split", "schedule", "microbatches")
-PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches")
+        "pp", "split", "schedule", "microbatches", "precision", "tp")
+PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp")
 
 
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
@@ -51,11 +51,13 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
         out[key] = value
     if set(out) - {"zero", *PIPELINE_KEYS} and base not in ("auto", "equal"):
         raise ValueError(f"--plan {entry}: pins other than zero and the pipeline's apply to auto and equal only")
-    for key in ("pp", "microbatches"):
+    for key in ("pp", "microbatches", "tp"):
         if key in out and not (out[key].isdigit() and int(out[key]) >= 1):
             raise ValueError(f"--plan {entry}: {key} must be a positive integer, got {out[key]!r}")
     if out.get("split", "auto") not in ("auto", "uniform", "parameters"):
         raise ValueError(f"--plan {entry}: split must be auto, uniform or parameters, got {out['split']!r}")
+    if out.get("precision", "fp32") not in ("fp32", "per-device"):
+        raise ValueError(f"--plan {entry}: precision must be fp32 or per-device, got {out['precision']!r}")
     if out.get("schedule", "1f1b") not in ("gpipe", "1f1b", "interleaved-1f1b"):
         raise ValueError(f"--plan {entry}: schedule must be gpipe, 1f1b or interleaved-1f1b, got {out['schedule']!r}")
     if "zero" in out and out["zero"] not in ("0", "1", "2", "3"):
@@ -79,7 +81,8 @@ def any_zero(args) -> bool:
 
 def any_pipeline(args) -> bool:
     """Whether some plan pipelines (then a rank holds only its stages' training state)."""
-    return any(_pipeline_stages(args, parse_entry(entry)[1]) > 1 for entry in args.plan.split(","))
+    return any(_pipeline_stages(args, parse_entry(entry)[1]) > 1 or int(parse_entry(entry)[1].get("tp", args.tp)) > 1
+               for entry in args.plan.split(","))
 
 
 def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
@@ -110,6 +113,9 @@ def make_plans(args, view) -> List:
     plans = []
     for entry in args.plan.split(","):
         base, pins = parse_entry(entry)
+        if base in ("auto", "equal", "uniform") and int(pins.get("tp", getattr(args, "tp", 1))) > 1:
+            plans.append(tensor_plan(args, view, entry, base, pins))
+            continue
         if base in ("auto", "equal", "uniform") and _pipeline_stages(args, pins) > 1:
             plans.append(pipeline_plan(args, view, entry, base, pins))
             continue
@@ -131,6 +137,8 @@ def make_plans(args, view) -> List:
         if base in ("auto", "equal", "uniform") and _zero_stage(args, pins):
             apply_zero(plan, view, _zero_stage(args, pins), base, layout=getattr(args, "zero_layout", "auto"),
                        prefetch=int(pins.get("prefetch", getattr(args, "prefetch", 1))))
+        if base in ("auto", "equal"):
+            apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
         check_memory(plan, view)
         plans.append(plan)
     return plans
@@ -159,6 +167,48 @@ def pipeline_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
                          micro_batches=int(micro) if micro else None, name=entry,
                          bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
                          compression=pins.get("compress", args.compress))
+
+
+def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
+    """The tensor-parallel plan of one ``--plan`` entry (``hcomm.parallel.planner.tensor``)."""
+    from hcomm.models import get_config
+    from hcomm.parallel.planner.tensor import plan_tensor
+
+    if base == "equal" or _zero_stage(args, pins) or _pipeline_stages(args, pins) > 1 or \
+            int(pins.get("sync_every", args.sync_every)) > 1 or pins.get("precision", "fp32") != "fp32":
+        raise ValueError(f"--plan {entry}: tensor parallelism runs as auto or uniform, without zero, pp, sync_every "
+                         f"or per-device precision")
+    if args.dp_shares is not None or "shares" in pins:
+        raise ValueError(f"--plan {entry}: a TP group's rows come from the planner; --dp-shares / @shares do not "
+                         f"apply with --tp")
+    from hcomm.parallel.tensor.parallelize import tp_split
+
+    config = get_config(args.model)
+    bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
+    plan = plan_tensor(view, args.global_batch, args.seq_len, tp=int(pins.get("tp", args.tp)), dim=config.dim,
+                       n_layers=config.n_layers, split="uniform" if base == "uniform" else "auto", name=entry,
+                       bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
+                       compression=pins.get("compress", args.compress))
+    group = plan.tensor_groups()[0].ranks
+    vocab = view.profiles[0].layers[-1].param_bytes // (4 * config.dim)   # the head: vocab x dim fp32
+    split = tp_split(config, vocab, [plan.ranks[r].tp_fraction for r in group])   # refuses what cannot split
+    plan.notes.append(f"shards by position: query heads {split.q_heads} (KV {split.kv_heads}), MLP features "
+                      f"{split.hidden}, vocabulary rows {split.vocab}")
+    return plan
+
+
+def apply_precision(plan, view, precision: str) -> None:
+    """``per-device``: every rank computes in its device kind's best dtype (``parallel/precision.py``)."""
+    if precision == "fp32":
+        return
+    from hcomm.parallel.precision import per_device_dtypes
+
+    for r, dtype in zip(plan.ranks, per_device_dtypes(view.devices)):
+        r.compute_dtype = dtype
+    plan.notes.append("per-device precision: " + ", ".join(f"rank {r.rank} {view.devices[r.rank]} {r.compute_dtype}"
+                                                           for r in plan.ranks)
+                      + "; fp32 parameters, optimizer state and gradient reduction; fp16 ranks scale the loss")
+    plan.validate(view.world_size)
 
 
 def apply_zero(plan, view, stage: int, base: str, *, layout: str = "auto", prefetch: int = 1) -> None:

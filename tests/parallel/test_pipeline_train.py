@@ -18,19 +18,13 @@ equals a single process.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.helpers.mp import Pool
 from tests.parallel import test_pipeline_runtime as rt
+from tests.parallel.train_runs import train_local
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", "--vocab", "512",
-        "--data-bytes", "600000", "--profile-budget", "1", "--eval-batches", "2"]
 STEPS = 3
 LOSS_REL = 1e-4
 
@@ -44,21 +38,7 @@ REFERENCE = "uniform@pp=1"
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pp-train")
-    out_json = tmp / "run.json"
-    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp / "data"),
-               HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-m", "hcomm", "train", *TINY, "--steps", str(STEPS), "--warmup-steps", "1",
-                          "--pp", "2", "--plan", ",".join(PLANS), "--json", str(out_json)],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:   # the first lines that say why, not only the launcher's tail
-        text = out.stdout + out.stderr
-        why = [line for line in text.splitlines() if "rror" in line or "raise" in line][:40]
-        (tmp / "train.log").write_text(text)
-        pytest.fail(f"hcomm train exited {out.returncode}; full log {tmp / 'train.log'}\n" + "\n".join(why))
-    doc = json.loads(out_json.read_text())
-    assert len(doc["runs"]) == len(PLANS)
-    return {run["plan"]["name"]: run for run in doc["runs"]}, out.stdout
+    return train_local(tmp_path_factory.mktemp("pp-train"), PLANS, STEPS, "--pp", "2")
 
 
 def test_every_pipeline_plan_trains_the_reference_losses(trained):

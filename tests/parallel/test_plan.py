@@ -16,14 +16,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def full_plan() -> Plan:
     """Every field away from its default."""
-    ranks = [RankPlan(0, 0.6, device="A100", island="a", compute_dtype="bf16", tp_group=0,
-                      tp_fraction=0.75, zero_stage=3, shard_fraction=0.7),
-             RankPlan(1, 0.4, device="V100", island="a", compute_dtype="fp16", tp_group=1,
-                      tp_fraction=0.25, zero_stage=3, shard_fraction=0.3),
-             RankPlan(2, 0.0, device="910B", island="b", compute_dtype="fp8", tp_group=2,
-                      tp_fraction=0.5, zero_stage=3, shard_fraction=0.0)]
+    ranks = [RankPlan(0, 0.6, device="A100", island="a", zero_stage=3, shard_fraction=0.7),
+             RankPlan(1, 0.4, device="V100", island="a", zero_stage=3, shard_fraction=0.3),
+             RankPlan(2, 0.0, device="910B", island="b", zero_stage=3, shard_fraction=0.0)]
     # ZeRO runs one optimizer over every rank, so the cross-island sync period sits on another group here;
-    # the pipeline's fields are in pipeline_plan() (a pipeline does not run with ZeRO)
+    # the pipeline's fields are in pipeline_plan() and the compute dtypes in precision_plan() (neither
+    # runs with ZeRO)
     groups = [GroupPlan("dp", [0, 1, 2], bucket_bytes=4 * 2**20, compression="fp8e4m3:ef",
                         zero_layout="island", prefetch=2, reshard_after_forward=False),
               GroupPlan("island:a", [0, 1], bucket_bytes=2048, compression="bf16", sync_every=8, outer_lr=0.5,
@@ -41,10 +39,26 @@ def pipeline_plan() -> Plan:
     return Plan(64, 256, ranks, groups, name="pp").validate()
 
 
+def tp_plan() -> Plan:
+    """Two TP groups of two uneven shards (0.75 / 0.25), rows on each group's first rank."""
+    ranks = [RankPlan(0, 0.6, tp_group=0, tp_fraction=0.75), RankPlan(1, 0.0, tp_group=0, tp_fraction=0.25),
+             RankPlan(2, 0.4, tp_group=1, tp_fraction=0.75), RankPlan(3, 0.0, tp_group=1, tp_fraction=0.25)]
+    groups = [GroupPlan("dp", [0, 1, 2, 3]), GroupPlan("tp:0", [0, 1]), GroupPlan("tp:1", [2, 3])]
+    return Plan(10, 16, ranks, groups, name="tp").validate()
+
+
+def precision_plan() -> Plan:
+    """Each rank in its device's best dtype (plain data parallelism)."""
+    ranks = [RankPlan(0, 0.5, device="A100", compute_dtype="bf16"), RankPlan(1, 0.3, device="V100", compute_dtype="fp16"),
+             RankPlan(2, 0.2, device="CPU")]
+    return Plan(12, 16, ranks, [GroupPlan("dp", [0, 1, 2])], name="per-device").validate()
+
+
 # --- round trip ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("plan", [Plan.uniform(4, 32, 128), Plan.from_shares([0.5, 0.3, 0.2], 10, 8), full_plan(),
-                                  pipeline_plan()], ids=["uniform", "shares", "full", "pipeline"])
+                                  pipeline_plan(), precision_plan(), tp_plan()],
+                         ids=["uniform", "shares", "full", "pipeline", "precision", "tp"])
 def test_yaml_round_trip(plan, tmp_path):
     assert Plan.from_yaml(plan.to_yaml()) == plan
     assert Plan.from_dict(plan.to_dict()) == plan
@@ -55,7 +69,9 @@ def test_yaml_round_trip(plan, tmp_path):
 
 def test_full_plan_yaml_writes_every_field():
     text = full_plan().to_yaml()
-    for name in ("compute_dtype", "shard_fraction", "tp_fraction", "outer_momentum",
+    assert "compute_dtype: fp16" in precision_plan().to_yaml()
+    assert "tp_fraction: 0.25" in tp_plan().to_yaml() and "tp_group: 1" in tp_plan().to_yaml()
+    for name in ("shard_fraction", "outer_momentum",
                  "zero_layout: island", "prefetch: 2", "reshard_after_forward: false",
                  "predicted_step_s", "notes"):
         assert name in text
@@ -264,7 +280,9 @@ def test_str_has_every_rank_and_the_group_table():
     text = str(full_plan())
     lines = text.splitlines()
     assert lines[0] == "plan auto: 3 ranks, global batch 64 x seq 256, backend hcomm, predicted step 1.25 s"
-    for header in ("rank", "device", "island", "share", "samples", "dtype", "tp", "zero"):
+    assert "dtype" in str(precision_plan()).splitlines()[1]
+    assert "tp" in str(tp_plan()).splitlines()[1].split()
+    for header in ("rank", "device", "island", "share", "samples", "zero"):
         assert header in lines[1]
     for rank, device in enumerate(("A100", "V100", "910B")):
         assert any(line.split()[:2] == [str(rank), device] for line in lines)

@@ -129,3 +129,68 @@ def test_pipeline_replicas_compress_their_gradient_sync():
     args = parse(["--model", "tiny", "--pp", "2", "--compress", "bf16", "--plan", "auto,auto@compress=fp16"])
     plans = make_plans(args, _view(4))
     assert [p.dp_group().compression for p in plans] == ["bf16", "fp16"]
+
+
+# --- tensor parallelism -----------------------------------------------------------------------------
+
+TP_ALONE = "runs with plain data parallelism across TP groups: not with --pp, --zero, --sync-every or " \
+           "--precision per-device (yet)"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tp", "0"], "--tp must be >= 1, got 0"),
+    (["--tp", "-2"], "--tp must be >= 1, got -2"),
+    (["--tp", "2", "--pp", "2"], "--tp 2 " + TP_ALONE),
+    (["--tp", "2", "--zero", "1"], "--tp 2 " + TP_ALONE),
+    (["--tp", "2", "--precision", "per-device"], "--tp 2 " + TP_ALONE),
+    (["--tp", "4", "--sync-every", "4"], "--tp 4 " + TP_ALONE),
+    (["--plan", "auto@tp=0"], "--plan auto@tp=0: tp must be a positive integer, got '0'"),
+    (["--plan", "auto@tp=two"], "--plan auto@tp=two: tp must be a positive integer, got 'two'"),
+])
+def test_bad_tensor_parallel_arguments_are_named(capsys, argv, words):
+    assert words in _error(capsys, argv)
+
+
+TP_PLAIN = "tensor parallelism runs as auto or uniform, without zero, pp, sync_every or per-device precision"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tp", "3", "--plan", "auto"], "--tp 3: the 4 ranks do not form equal tensor-parallel groups of 3"),
+    (["--plan", "auto@tp=8"], "--tp 8: the 4 ranks do not form equal tensor-parallel groups of 8"),
+    (["--plan", "auto@tp=2@zero=1"], "--plan auto@tp=2@zero=1: " + TP_PLAIN),
+    (["--plan", "auto@tp=2@pp=2"], "--plan auto@tp=2@pp=2: " + TP_PLAIN),
+    (["--plan", "auto@tp=2@sync_every=4"], "--plan auto@tp=2@sync_every=4: " + TP_PLAIN),
+    (["--plan", "auto@tp=2@precision=per-device"], "--plan auto@tp=2@precision=per-device: " + TP_PLAIN),
+    (["--plan", "equal@tp=2"], "--plan equal@tp=2: " + TP_PLAIN),
+    (["--tp", "2", "--dp-shares", "0.7,0.1,0.1,0.1", "--plan", "auto"],
+     "--plan auto: a TP group's rows come from the planner; --dp-shares / @shares do not apply with --tp"),
+    (["--plan", "auto@tp=2@shares=equal"], "--dp-shares / @shares do not apply with --tp"),
+])
+def test_tensor_parallel_plans_refused_when_planned(argv, words):
+    from hcomm.train.plans import make_plans
+
+    args = parse(["--model", "tiny", *argv])
+    with pytest.raises(ValueError) as info:
+        make_plans(args, _view(4))
+    assert words in str(info.value)
+
+
+def test_tensor_parallel_plans_are_named_by_their_entry():
+    from hcomm.train.plans import make_plans
+
+    args = parse(["--model", "tiny", "--tp", "2", "--plan", "auto,uniform,auto@tp=4,uniform@tp=1"])
+    assert args.tp == 2
+    plans = make_plans(args, _view(4))
+    assert [p.name for p in plans] == ["auto", "uniform", "auto@tp=4", "uniform@tp=1"]
+    assert [len(p.tensor_groups()) for p in plans] == [2, 2, 1, 0]
+    assert plans[3].backend == "ddp-gloo" and {p.backend for p in plans[:3]} == {"hcomm"}
+
+
+def test_tensor_parallel_plan_that_cannot_split_the_model_is_refused_when_planned():
+    """tiny has 4 key/value heads: 8 TP ranks would leave some without one (refused before any rank runs)."""
+    from hcomm.train.plans import make_plans
+
+    with pytest.raises(ValueError) as info:
+        make_plans(parse(["--model", "tiny", "--tp", "8", "--plan", "auto"]), _view(8))
+    assert "4 key/value heads make 4 units of 1: fewer than the 8 TP ranks, so a rank would hold none" \
+        in str(info.value)

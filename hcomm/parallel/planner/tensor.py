@@ -1,0 +1,100 @@
+"""Tensor-parallel plans: TP groups, each rank's share of every split, each group's rows.
+
+``auto`` gives each rank of a TP group a fraction of every split in
+proportion to its measured speed (so all finish their shard together), and
+each group rows in proportion to its throughput; ``uniform`` is Megatron's:
+equal shards, equal rows.  TP groups are consecutive ranks in island order
+(TP talks every layer: it belongs on the fast links), members fastest first
+so position p holds the same fraction in every group (ranks at one position
+all-reduce the same shard's gradients).
+
+Predicted step: the slowest group's compute (each rank's profile scaled by
+its rows and fraction; the slowest member sets the pace), plus the TP
+all-reduces (two per block forward, two backward, one for the embedding and
+one for the head's input gradient, each of rows x seq x dim fp32), plus the
+gradient all-reduce across groups and the optimizer.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
+from hcomm.parallel.planner.pipeline import rank_speed
+
+SPLITS = ("auto", "uniform")
+
+
+def tensor_groups(view, tp: int, split: str) -> List[List[int]]:
+    world = view.world_size
+    if tp < 1 or world % tp:
+        raise ValueError(f"--tp {tp}: the {world} ranks do not form equal tensor-parallel groups of {tp}")
+    ordered = [r for members in view.islands for r in members]
+    groups = [ordered[i:i + tp] for i in range(0, world, tp)]
+    if split == "auto":
+        groups = [sorted(g, key=lambda r: (-rank_speed(view.profiles[r]), r)) for g in groups]
+    return groups
+
+
+def speed_fractions(view, groups: List[List[int]]) -> List[float]:
+    """Per position, the mean over groups of that member's share of its group's speed, summing to 1
+    exactly after rounding (the remainder goes to position 0)."""
+    tp = len(groups[0])
+    per = [sum(rank_speed(view.profiles[g[p]]) / sum(rank_speed(view.profiles[r]) for r in g) for g in groups)
+           / len(groups) for p in range(tp)]
+    rounded = [round(f, 4) for f in per[1:]]
+    return [round(1.0 - sum(rounded), 4), *rounded]
+
+
+def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_layers: int, split: str = "auto",
+                fractions: Optional[Sequence[float]] = None, name: str = "",
+                bucket_bytes: Optional[int] = None, compression: str = "none") -> Plan:
+    if split not in SPLITS:
+        raise ValueError(f"TP split must be one of {', '.join(SPLITS)}, got {split!r}")
+    groups = tensor_groups(view, tp, split)
+    if fractions is not None:
+        fr = [float(f) for f in fractions]
+        if len(fr) != tp or abs(sum(fr) - 1) > 1e-6 or min(fr) <= 0:
+            raise ValueError(f"TP fractions {list(fractions)}: need {tp} values > 0 summing to 1")
+    elif split == "auto":
+        fr = speed_fractions(view, groups)
+    else:
+        fr = [round(1.0 / tp, 6)] * (tp - 1)
+        fr = [round(1.0 - sum(fr), 6), *fr]
+    per_row = [_group_seconds(view, g, fr, 1, seq_len, dim, n_layers)[0] for g in groups]
+    weights = [1.0 / s for s in per_row] if split == "auto" else [1.0] * len(groups)
+    rows = apportion(weights, global_batch)
+    world = view.world_size
+    ranks = [RankPlan(r, 0.0, device=view.devices[r]) for r in range(world)]
+    plan_groups = [GroupPlan("dp", list(range(world)), **({"bucket_bytes": bucket_bytes} if bucket_bytes else {}),
+                             compression=compression)]
+    for i, g in enumerate(groups):
+        plan_groups.append(GroupPlan(f"tp:{i}", list(g)))
+        for pos, r in enumerate(g):
+            ranks[r].tp_group, ranks[r].tp_fraction = i, fr[pos]
+        ranks[g[0]].batch_share = rows[i] / global_batch
+    plan = Plan(global_batch, seq_len, ranks, plan_groups, name=name or split)
+    got = plan.batch_counts()
+    if [got[g[0]] for g in groups] != rows:
+        raise AssertionError(f"TP rows {rows} came back as {got}")
+    parts = [_group_seconds(view, g, fr, n, seq_len, dim, n_layers) for g, n in zip(groups, rows)]
+    compute = max(p[1] for p in parts)
+    comm = max(p[2] for p in parts)
+    grads = sum(c.grad_bytes for c in view.profiles[0].layers)
+    sync = view.allreduce_s(int(grads * max(fr))) if len(groups) > 1 else 0.0
+    opt = max(view.optimizer_s[r] * fr[pos] for g in groups for pos, r in enumerate(g))
+    plan.predicted_step_s = compute + comm + sync + opt
+    plan.notes = [f"tensor parallel ({split}): {len(groups)} group(s) of {tp}, fractions {fr}, rows {rows}; "
+                  f"predicted step {plan.predicted_step_s * 1e3:.0f} ms = compute {compute * 1e3:.0f} + TP all-reduces "
+                  f"{comm * 1e3:.0f} + gradient sync {sync * 1e3:.0f} + optimizer {opt * 1e3:.0f} ms"]
+    return plan.validate(world)
+
+
+def _group_seconds(view, group: Sequence[int], fractions: Sequence[float], rows: int, seq_len: int, dim: int,
+                   n_layers: int) -> Tuple[float, float, float]:
+    """(seconds per row of the slowest member, compute seconds, TP all-reduce seconds) of one group."""
+    compute = [view.profiles[r].compute_s(rows) * f for r, f in zip(group, fractions)]
+    nbytes = rows * seq_len * dim * 4
+    island = {view.island_of(r) for r in group}
+    allreduce = view.island_allreduce_s[island.pop()] if len(island) == 1 else view.allreduce_s
+    comm = (4 * n_layers + 2) * allreduce(nbytes) if len(group) > 1 and rows else 0.0
+    return (max(compute) + comm) / max(rows, 1), max(compute), comm

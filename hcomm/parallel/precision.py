@@ -1,0 +1,116 @@
+"""Per-device precision: each rank computes in its own dtype, gradients stay consistent.
+
+A mixed cluster has no single right dtype (a V100 has no bf16; an A100 no
+fp8), so each rank runs forward and backward under ``torch.autocast`` in the
+dtype its plan gives it (``RankPlan.compute_dtype``; ``per_device_dtypes``
+picks each device kind's best from ``devices.py``), while everything that
+must agree across ranks stays fp32:
+
+- parameters (the master weights) and the optimizer state are fp32; autocast
+  only lowers the matmuls' inputs, so gradients land in fp32 ``.grad``;
+- an fp16 rank scales its loss by ``S`` (dynamic loss scaling, torch
+  ``GradScaler``'s defaults: 2^16, halve on overflow, double after 2000 good
+  steps) so small gradients survive fp16, and unscales inside the gradient
+  all-reduce: ``GradSync.grad_scale = S`` makes its bucket weight
+  ``(n_r / N) / S`` -- no extra pass over the gradients, and the reduced
+  gradient is the same fp32 global-batch mean every rank gets;
+- an overflow anywhere (a non-finite gradient; a non-finite loss makes its
+  gradients non-finite too) skips the optimizer step on every rank: one 1-element MAX all-reduce
+  of the flag per step, so ranks never diverge; fp16 ranks then halve S.
+
+Why not torch's ``GradScaler``: it unscales a rank's own gradients before
+its own optimizer and decides overflow per rank; here the unscale belongs
+inside the cross-rank reduction (ranks scale differently or not at all) and
+the skip must be one decision for all ranks.  The policy and its defaults
+are GradScaler's.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterable, List, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hcomm.parallel.devices import best_low_precision, device_kind, supports
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("fp32", "per-device")
+
+
+def per_device_dtypes(devices: Sequence[str]) -> List[str]:
+    """Each device kind's best compute dtype: bf16 where it has it (no loss scaling), else fp16."""
+    return [best_low_precision(d) for d in devices]
+
+
+def check_dtype(rank: int, device: str, dtype: str) -> None:
+    """ValueError naming the rank and field when ``device`` cannot compute in ``dtype``."""
+    if dtype == "fp8":
+        raise ValueError(f"ranks[{rank}].compute_dtype: fp8 compute is not implemented in hcomm yet "
+                         f"(needs torch's scaled fp8 matmuls on an fp8 device); use bf16 or fp16")
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"ranks[{rank}].compute_dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+    if device and not supports(device, dtype):
+        kind = device_kind(device)
+        raise ValueError(f"ranks[{rank}].compute_dtype: {kind.name} cannot compute in {dtype} ({kind.notes}); "
+                         f"it supports {', '.join(kind.dtypes)}")
+
+
+@dataclass
+class LossScale:
+    """Dynamic loss scaling with torch GradScaler's defaults (fp16 only; 1.0 otherwise)."""
+
+    scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    good_steps: int = 0
+
+    def update(self, overflow: bool) -> None:
+        if overflow:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+            return
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= self.growth_factor
+            self.good_steps = 0
+
+
+class Precision:
+    """One rank's compute dtype, its loss scale, and the step-wide overflow agreement."""
+
+    def __init__(self, dtype: str, *, rank: int = 0, device: str = "", device_type: str = "cpu"):
+        check_dtype(rank, device, dtype)
+        self.dtype = dtype
+        self.device_type = device_type
+        self.loss_scale = LossScale() if dtype == "fp16" else None
+        self.skipped_steps = 0
+
+    @property
+    def scale(self) -> float:
+        """What the loss is multiplied by before backward (and the gradients divided by in the reduction)."""
+        return self.loss_scale.scale if self.loss_scale is not None else 1.0
+
+    def autocast(self):
+        if self.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=TORCH_DTYPES[self.dtype])
+
+    def overflow(self, grads: Iterable[torch.Tensor], group) -> bool:
+        """Whether any rank holds a non-finite gradient this step (collective over ``group``: every
+        rank gets the same answer); updates the loss scale and counts the skip."""
+        bad = False
+        for g in grads:
+            if g is not None and not bool(torch.isfinite(g).all()):
+                bad = True
+                break
+        flag = torch.tensor([1.0 if bad else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        overflow = bool(flag.item() > 0)
+        if self.loss_scale is not None:
+            self.loss_scale.update(overflow)
+        if overflow:
+            self.skipped_steps += 1
+        return overflow

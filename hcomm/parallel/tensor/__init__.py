@@ -1,0 +1,1 @@
+"""Non-uniform tensor parallelism: shards of any size (see ``parallelize.tensor_parallelize``)."""

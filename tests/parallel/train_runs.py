@@ -1,0 +1,33 @@
+"""One ``hcomm train --local`` run of several plans on the tiny model, for the end-to-end equivalence tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List, Tuple
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", "--vocab", "512",
+        "--data-bytes", "600000", "--profile-budget", "1", "--eval-batches", "2"]
+
+
+def train_local(tmp, plans: List[str], steps: int, *extra: str) -> Tuple[Dict[str, dict], str]:
+    """Every plan of ``plans`` trained ``steps`` steps in one run; (runs by plan name, stdout).
+    A failing run fails the test with the lines that say why and the full log's path."""
+    out_json = tmp / "run.json"
+    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp / "data"),
+               HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "hcomm", "train", *TINY, "--steps", str(steps), "--warmup-steps", "1",
+                          *extra, "--plan", ",".join(plans), "--json", str(out_json)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:   # the first lines that say why, not only the launcher's tail
+        text = out.stdout + out.stderr
+        why = [line for line in text.splitlines() if "rror" in line or "raise" in line][:40]
+        (tmp / "train.log").write_text(text)
+        pytest.fail(f"hcomm train exited {out.returncode}; full log {tmp / 'train.log'}\n" + "\n".join(why))
+    doc = json.loads(out_json.read_text())
+    assert len(doc["runs"]) == len(plans)
+    return {run["plan"]["name"]: run for run in doc["runs"]}, out.stdout
