@@ -1,7 +1,7 @@
 """Per-device precision on the emulator: every rank in its device kind's best dtype vs all fp32.
 
-One scenario, one ``hcomm train`` run (both plans in the same processes, same
-data): ``mixed`` (A100 x2 in bf16, V100 x2 in fp16 with dynamic loss scaling)
+Each scenario is one ``hcomm train`` run (both plans in the same processes,
+same data; ``pipeline`` does the same with 2 pipeline stages): ``mixed`` (A100 x2 in bf16, V100 x2 in fp16 with dynamic loss scaling)
 against the same auto plan in fp32.  The issue's bars: loss after N steps
 within 2% of the fp32 run; no fp16 rank ever produces a non-finite update
 (skipped steps are counted: a skip is the overflow guard working, an
@@ -25,6 +25,9 @@ from bench_dp import SMALL, _runs, _tail_loss, run_scenarios  # noqa: E402
 SCENARIOS: Dict[str, dict] = {
     "mixed": dict(cluster="mixed", plan="auto,auto@precision=per-device",
                   args=SMALL + ["--global-batch", "24", "--steps", "30"]),
+    # the same across pipeline stages: each replica an A100 stage (bf16) and a V100 stage (fp16)
+    "pipeline": dict(cluster="mixed", plan="auto,auto@precision=per-device",
+                     args=SMALL + ["--pp", "2", "--global-batch", "24", "--steps", "20"]),
 }
 
 

@@ -104,6 +104,8 @@ class ParallelModel:
             return times
         if self.pipe is not None:
             # local_loss stays nan except where the last stage runs: only there is the loss known
+            if self.precision is not None:
+                self.pipe.loss_fn.scale = times.loss_scale = self.precision.scale
             done = self.pipe.step(rows, self.plan.global_batch)
             times.compute_s, times.sync_wait_s = done.compute_s, done.sync_wait_s
             times.local_loss, times.global_loss = done.loss, done.global_loss
@@ -124,7 +126,7 @@ class ParallelModel:
             times.sync_wait_s = self.sync.wait()
             times.global_loss = self.sync.global_loss()
         t = time.perf_counter()
-        if self.precision is not None and self.precision.overflow((p.grad for p in self.sync.params),
+        if self.precision is not None and self.precision.overflow((p.grad for p in self.parameters()),
                                                                   self.groups.default):
             times.skipped = True   # every rank agrees: the same step is skipped everywhere
         else:
@@ -302,9 +304,18 @@ def _pipeline(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
     mine = plan.pipeline_of(pm.rank)
     pm.samples, pm.offset = plan.batch_counts()[mine.ranks[0]], plan.batch_offsets()[mine.ranks[0]]
     members = sorted(mine.ranks)
+    dtype = plan.ranks[pm.rank].compute_dtype
     pm.pipe = Pipeline(pm.model, list(zip(mine.cuts, mine.cuts[1:])), pipe_group, schedule=mine.schedule,
                        n_microbatches=mine.micro_batches, virtual_stages=mine.virtual_stages, dp_group=dp_group,
-                       bucket_bytes=bucket_bytes, positions=[members.index(r) for r in mine.ranks])
+                       bucket_bytes=bucket_bytes, positions=[members.index(r) for r in mine.ranks],
+                       compute_dtype=dtype)
+    if any(r.compute_dtype != "fp32" for r in plan.ranks):
+        from hcomm.parallel.devices import local_device_name
+        from hcomm.parallel.precision import Precision
+
+        pm.precision = Precision(dtype, rank=pm.rank, device=local_device_name(),
+                                 device_type=next(pm.model.parameters()).device.type,
+                                 loss_scaling=any(r.compute_dtype == "fp16" for r in plan.ranks))
 
 
 def _gather_stages(model: torch.nn.Module, plan: Plan, group) -> None:

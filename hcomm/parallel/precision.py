@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -81,11 +81,16 @@ class LossScale:
 class Precision:
     """One rank's compute dtype, its loss scale, and the step-wide overflow agreement."""
 
-    def __init__(self, dtype: str, *, rank: int = 0, device: str = "", device_type: str = "cpu"):
+    def __init__(self, dtype: str, *, rank: int = 0, device: str = "", device_type: str = "cpu",
+                 loss_scaling: Optional[bool] = None):
+        """``loss_scaling``: default for fp16 only; a pipeline with any fp16 stage scales on every stage
+        (the loss is scaled on the last stage and its gradients flow through all of them), and every
+        rank's scale moves in step because the overflow decision is global."""
         check_dtype(rank, device, dtype)
         self.dtype = dtype
         self.device_type = device_type
-        self.loss_scale = LossScale() if dtype == "fp16" else None
+        scaled = dtype == "fp16" if loss_scaling is None else loss_scaling
+        self.loss_scale = LossScale() if scaled else None
         self.skipped_steps = 0
 
     @property

@@ -117,7 +117,10 @@ def make_plans(args, view) -> List:
             plans.append(tensor_plan(args, view, entry, base, pins))
             continue
         if base in ("auto", "equal", "uniform") and _pipeline_stages(args, pins) > 1:
-            plans.append(pipeline_plan(args, view, entry, base, pins))
+            plan = pipeline_plan(args, view, entry, base, pins)
+            if base == "auto":
+                apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
+            plans.append(plan)
             continue
         if base in ("auto", "equal"):
             plan, _ = plan_data_parallel(view, args.global_batch, args.seq_len, name=entry,

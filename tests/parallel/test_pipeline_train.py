@@ -30,7 +30,10 @@ LOSS_REL = 1e-4
 
 # With --pp 2 on the command line: auto and uniform pipeline; the pins pick the other variants.
 PLANS = ["auto", "uniform", "auto@pp=4", "auto@pp=2@schedule=gpipe", "auto@schedule=interleaved-1f1b",
-         "auto@pp=4@schedule=1f1b@microbatches=2", "auto@split=parameters", "uniform@pp=1"]
+         "auto@pp=4@schedule=1f1b@microbatches=2", "auto@split=parameters", "uniform@pp=1",
+         "auto@precision=per-device"]
+MIXED = "auto@precision=per-device"   # A100 stages bf16, V100 stages fp16 (shared loss scale): not exact
+MIXED_REL = 2.0 ** -9                 # half bf16's unit roundoff, as tests/parallel/test_precision.py derives
 REFERENCE = "uniform@pp=1"
 
 
@@ -50,11 +53,25 @@ def test_every_pipeline_plan_trains_the_reference_losses(trained):
     want = [s["loss"] for s in ref["steps"]]
     assert len(want) == STEPS and want[-1] < want[0]
     for name, run in runs.items():
+        rel = MIXED_REL if name == MIXED else LOSS_REL
         got = [s["loss"] for s in run["steps"]]
-        assert got == pytest.approx(want, rel=LOSS_REL), name
+        assert got == pytest.approx(want, rel=rel), name
         assert all(s["tokens"] == 8 * 32 and len(s["ranks"]) == 4 for s in run["steps"]), name
         # after the run the stages are gathered: the whole model evaluates to the reference's eval loss
-        assert run["eval_loss"] == pytest.approx(ref["eval_loss"], rel=LOSS_REL), name
+        assert run["eval_loss"] == pytest.approx(ref["eval_loss"], rel=rel), name
+
+
+def test_pipeline_stages_compute_in_their_devices_dtypes(trained):
+    """Per-device precision across pipeline stages: each rank's dtype is its device kind's best, the
+    boundaries carry fp32, the fp16 stages' loss scale is shared by every rank (the loss is scaled on
+    the last stage), no step is skipped, and autocast really ran (the losses are not bitwise fp32's)."""
+    runs, _ = trained
+    run = runs[MIXED]
+    dtypes = [r.get("compute_dtype", "fp32") for r in run["plan"]["ranks"]]
+    assert dtypes == ["bf16", "bf16", "fp16", "fp16"]   # the local ranks carry the default preset's kinds
+    assert all(not s["skipped"] and s["loss_scales"] == [65536.0] * 4 for s in run["steps"])
+    ref = [s["loss"] for s in runs[REFERENCE]["steps"]]
+    assert [s["loss"] for s in run["steps"]] != ref
 
 
 def _pipes(run):

@@ -219,8 +219,8 @@ class _SyncedStage(PipelineStage):
         self.grad_sync = grad_sync
 
     def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
-        if loss is not None:
-            self.grad_sync.add_loss(float(loss.detach()))
+        if loss is not None:   # the loss as computed, i.e. times the loss scale: carried unscaled
+            self.grad_sync.add_loss(float(loss.detach()) / self.grad_sync.grad_scale)
         if last_backward:
             return super().backward_one_chunk(bwd_chunk_id, loss, full_backward, last_backward)
         with self.grad_sync.accumulating():
@@ -243,7 +243,7 @@ class Pipeline:
     def __init__(self, model: nn.Module, ranges: Sequence[Range], group, *, schedule: str = "1f1b",
                  n_microbatches: int = 1, virtual_stages: int = 1, order: Optional[Order] = None,
                  dp_group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES, device: Union[str, torch.device] = "cpu",
-                 positions: Optional[Sequence[int]] = None):
+                 positions: Optional[Sequence[int]] = None, compute_dtype: str = "fp32"):
         n_ranks, rank = dist.get_world_size(group), dist.get_rank(group)
         if rank < 0:
             raise ValueError("this rank is not a member of the pipeline group")
@@ -280,6 +280,11 @@ class Pipeline:
         self.stage_indices = local
         self.modules: List[StageModule] = [all_modules[s] for s in local]
         self.holds_first, self.holds_last = 0 in local, n_stages - 1 in local
+        if compute_dtype != "fp32":   # per-device precision: autocast inside, fp32 across the boundaries
+            from hcomm.parallel.precision import TORCH_DTYPES
+
+            for module, index in zip(self.modules, local):
+                module.compute_dtype, module.boundary = TORCH_DTYPES[compute_dtype], index != n_stages - 1
         self.loss_fn = TokenSumLoss(1)
         self.sync = None
         if dp_group is not None:
@@ -318,6 +323,9 @@ class Pipeline:
                              f"(torch's stages size their receive buffers from the first micro-batch)")
         result = PipelineStep()
         start = time.perf_counter()
+        scale = self.loss_fn.scale   # the caller's loss scale (1.0 unless a stage computes in fp16)
+        if self.sync is not None:
+            self.sync.grad_scale = scale
         self._zero_grad()
         if n == 0:
             self.sync.weight = 0.0
@@ -333,7 +341,11 @@ class Pipeline:
             self._schedule.step(*args, target=target, losses=losses if self.holds_last else None,
                                 return_outputs=False)
             if self.holds_last:
-                result.loss = float(sum(float(l.detach()) for l in losses))
+                result.loss = float(sum(float(l.detach()) for l in losses)) / scale
+            if self.sync is None and scale != 1.0:   # no reduction to unscale in: do it here
+                for p in self.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(scale)
         result.compute_s = time.perf_counter() - start
         if self.sync is not None:
             result.sync_wait_s = self.sync.wait()

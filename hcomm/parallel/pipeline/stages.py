@@ -15,7 +15,7 @@ that name the stage and the numbers.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Optional, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,11 +33,20 @@ class StageModule(nn.Module):
         super().__init__()
         self.first, self.last = first, last
         self.pieces = nn.ModuleList(pieces)
+        self.compute_dtype: Optional[torch.dtype] = None   # autocast to this (per-device precision); None = fp32
+        self.boundary = True   # its output crosses to another stage (False on the last stage: the logits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for piece in self.pieces:
-            x = piece(x)
-        return x
+        if self.compute_dtype is None:
+            for piece in self.pieces:
+                x = piece(x)
+            return x
+        with torch.autocast(x.device.type, dtype=self.compute_dtype):
+            for piece in self.pieces:
+                x = piece(x)
+        # Stage boundaries carry fp32: neighbours may compute in different dtypes, and torch's stages
+        # size their receive buffers (dtype included) once from the first micro-batch.
+        return x.float() if self.boundary and x.is_floating_point() else x
 
     def extra_repr(self) -> str:
         return f"pieces [{self.first}, {self.last})"
@@ -123,7 +132,8 @@ class TokenSumLoss:
         if token_count <= 0:
             raise ValueError(f"token_count must be positive, got {token_count}")
         self.token_count = int(token_count)
+        self.scale = 1.0   # dynamic loss scale (fp16 stages): the loss and every gradient carry it
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum")
-        return total / self.token_count
+        return total * (self.scale / self.token_count)
