@@ -439,3 +439,18 @@ def test_the_tp_plans_are_the_groups_asked_for(trained):
     uniform = Plan.from_dict(runs["uniform"]["plan"])
     assert [g.ranks for g in uniform.tensor_groups()] == [[0, 1], [2, 3]]
     assert _fractions(uniform) == [[0.5, 0.5], [0.5, 0.5]] and uniform.batch_counts() == [4, 0, 4, 0]
+
+
+def test_tp_fractions_are_capped_by_memory():
+    """Speeds 1 : 0.5 want 2/3 : 1/3; with room for only half the state (144 MiB) on the fast rank after
+    its activations (12 rows x 9 MiB), the fast rank is capped at 0.5 and the slow one takes the rest;
+    a group that cannot hold the state at all is refused; a pinned split that does not fit is refused."""
+    MiB = 1 << 20
+    room = 108 * MiB + 72 * MiB          # activations of 12 rows + half of the 144 MiB state
+    plan = plan_tensor(view([1.0, 0.5], budgets=[room, 8 << 30]), 12, 16, tp=2, dim=64, n_layers=7)
+    assert [r.tp_fraction for r in plan.ranks] == [0.5, 0.5]
+    with pytest.raises(ValueError, match="the TP group cannot hold the model"):
+        plan_tensor(view([1.0, 0.5], budgets=[room, room - 8 * MiB]), 12, 16, tp=2, dim=64, n_layers=7)
+    with pytest.raises(ValueError, match="do not fit memory"):
+        plan_tensor(view([1.0, 0.5], budgets=[room, 8 << 30]), 12, 16, tp=2, dim=64, n_layers=7,
+                    fractions=[0.7, 0.3])

@@ -1,7 +1,8 @@
 """Tensor-parallel plans: TP groups, each rank's share of every split, each group's rows.
 
 ``auto`` gives each rank of a TP group a fraction of every split in
-proportion to its measured speed (so all finish their shard together), and
+proportion to its measured speed (so all finish their shard together),
+capped by what its memory holds (``memory_capped``), and
 each group rows in proportion to its throughput; ``uniform`` is Megatron's:
 equal shards, equal rows.  TP groups are consecutive ranks in island order
 (TP talks every layer: it belongs on the fast links), members fastest first
@@ -63,6 +64,11 @@ def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_l
     per_row = [_group_seconds(view, g, fr, 1, seq_len, dim, n_layers)[0] for g in groups]
     weights = [1.0 / s for s in per_row] if split == "auto" else [1.0] * len(groups)
     rows = apportion(weights, global_batch)
+    capped = memory_capped(view, groups, fr, rows)
+    if capped != fr:
+        if split != "auto" or fractions is not None:
+            raise ValueError(f"TP fractions {fr} do not fit memory: at most {capped} by position")
+        fr = capped
     world = view.world_size
     ranks = [RankPlan(r, 0.0, device=view.devices[r]) for r in range(world)]
     plan_groups = [GroupPlan("dp", list(range(world)), **({"bucket_bytes": bucket_bytes} if bucket_bytes else {}),
@@ -87,6 +93,44 @@ def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_l
                   f"predicted step {plan.predicted_step_s * 1e3:.0f} ms = compute {compute * 1e3:.0f} + TP all-reduces "
                   f"{comm * 1e3:.0f} + gradient sync {sync * 1e3:.0f} + optimizer {opt * 1e3:.0f} ms"]
     return plan.validate(world)
+
+
+def memory_capped(view, groups: List[List[int]], fractions: Sequence[float], rows: Sequence[int]) -> List[float]:
+    """``fractions`` with each position's share capped by the smallest memory at that position (over the
+    groups), the excess moved to the others in proportion (water-filling); ValueError when the group
+    cannot hold the model at all.
+
+    A rank holds its fraction of the training state (parameters, gradients, AdamW state: all but the
+    norms are split) and, conservatively, the activations of its group's rows whole (the residual
+    stream is replicated in TP; the split attention and MLP intermediates are counted in full too).
+    """
+    caps = []
+    for p in range(len(fractions)):
+        room = []
+        for g, n in zip(groups, rows):
+            prof = view.profiles[g[p]]
+            room.append((prof.memory_budget_bytes - prof.activation_bytes(n)) / max(1, prof.state_bytes()))
+        caps.append(max(0.0, min(room)))
+    if sum(caps) < 1.0 - 1e-9:
+        raise ValueError(f"the TP group cannot hold the model: by position its ranks fit at most fractions "
+                         f"{[round(c, 4) for c in caps]} of the training state (sum {sum(caps):.3f} < 1)")
+    out = list(fractions)
+    fixed = [False] * len(out)
+    while True:
+        over = [i for i in range(len(out)) if not fixed[i] and out[i] > caps[i] + 1e-12]
+        if not over:
+            break
+        for i in over:
+            out[i], fixed[i] = caps[i], True
+        free = [i for i in range(len(out)) if not fixed[i]]
+        left = 1.0 - sum(out[i] for i in range(len(out)) if fixed[i])
+        base = sum(fractions[i] for i in free)
+        for i in free:
+            out[i] = left * fractions[i] / base
+    if out == list(fractions):
+        return out
+    rounded = [round(f, 4) for f in out[1:]]
+    return [round(1.0 - sum(rounded), 4), *rounded]
 
 
 def _group_seconds(view, group: Sequence[int], fractions: Sequence[float], rows: int, seq_len: int, dim: int,
