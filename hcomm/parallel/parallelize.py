@@ -356,5 +356,16 @@ def _tensor(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
     pm.samples, pm.offset = counts[mine.ranks[0]], offsets[mine.ranks[0]]
     fractions = [plan.ranks[r].tp_fraction for r in mine.ranks]
     # shards follow the plan's order (fastest first), whatever order torch numbers the group's ranks in
-    pm.model = tensor_parallelize(pm.model, tp_group, fractions, index=pm.tp_position)
+    members = sorted(mine.ranks)   # torch numbers a group's ranks in ascending global order
+    pm.model = tensor_parallelize(pm.model, tp_group, fractions, index=pm.tp_position,
+                                  sequence_parallel=mine.sequence_parallel,
+                                  shard_ranks=[members.index(r) for r in mine.ranks])
     pm.sync = GradSync(pm.model, position_group, weight=pm.samples / plan.global_batch, bucket_bytes=bucket_bytes)
+    if any(r.compute_dtype != "fp32" for r in plan.ranks):
+        from hcomm.parallel.devices import local_device_name
+        from hcomm.parallel.precision import Precision
+
+        # the ranks of a TP group compute one loss together: with any fp16 rank they share one loss scale
+        pm.precision = Precision(plan.ranks[pm.rank].compute_dtype, rank=pm.rank, device=local_device_name(),
+                                 device_type=next(pm.model.parameters()).device.type,
+                                 loss_scaling=any(r.compute_dtype == "fp16" for r in plan.ranks))

@@ -68,6 +68,8 @@ class GroupPlan:
     schedule: str = "1f1b"  # gpipe, 1f1b or interleaved-1f1b (hcomm/parallel/pipeline/schedule_cost.py)
     virtual_stages: int = 1  # stages per rank (interleaved-1f1b: >= 2)
     cuts: List[int] = field(default_factory=list)  # first piece of every stage, then the piece count
+    # Tensor parallelism (read only from "tp:*" groups)
+    sequence_parallel: bool = False  # norms and residuals hold only this rank's slice of the sequence
     # ZeRO (read only when the ranks' zero_stage > 0)
     zero_layout: str = "flat"  # "flat": shard over every rank; "island": shard inside islands, replicate across (HSDP)
     prefetch: int = 1  # ZeRO-3: gathers issued this many units ahead, forward and backward (0 = on demand)
@@ -304,6 +306,8 @@ def _group_table(groups: List[GroupPlan]) -> List[str]:
         columns.append(("micro x schedule", [f"{g.micro_batches} x {g.schedule}"
                                              + (f" x{g.virtual_stages}" if g.virtual_stages > 1 else "")
                                              for g in groups]))
+    if any(g.sequence_parallel for g in groups):
+        columns.append(("seq parallel", ["yes" if g.sequence_parallel else "-" for g in groups]))
     if any(g.cuts for g in groups):
         columns.append(("cuts", [" ".join(map(str, g.cuts)) or "-" for g in groups]))
     return _table(columns)

@@ -102,6 +102,7 @@ def check_plan(plan: Any, world_size: Optional[int]) -> None:
     _check_zero(plan)
     _check_pipeline(plan)
     _check_tensor(plan)
+    _check_sequence_parallel_groups(plan)
     _check_precision(plan)
 
 
@@ -394,12 +395,18 @@ def _check_tensor(plan: Any) -> None:
             if pos and rp.batch_share:
                 raise PlanError(f"ranks[{r}].batch_share: {rp.batch_share:g}, but only a TP group's first rank "
                                 f"(rank {g.ranks[0]} of {g.name!r}) takes a share: it is the group's rows")
+        if g.sequence_parallel != groups[0][1].sequence_parallel:
+            raise PlanError(f"groups[{i}] ({g.name}): sequence_parallel differs from {groups[0][1].name!r}'s")
         if abs(sum(fractions) - 1.0) > 1e-6:
             raise PlanError(f"groups[{i}] ({g.name}): the ranks' tp_fraction {fractions} sum to {sum(fractions):.9g}, "
                             f"not 1")
         if fractions != first:
             raise PlanError(f"groups[{i}] ({g.name}): tp_fraction {fractions} differ from {groups[0][1].name!r}'s "
                             f"{first}: ranks at one position of every TP group hold the same shard")
-    if any(r.compute_dtype != "fp32" for r in plan.ranks):
-        raise PlanError("tensor parallelism with low compute dtypes is not supported yet (the activations a TP "
-                        "group sums would need one dtype)")
+
+
+def _check_sequence_parallel_groups(plan: Any) -> None:
+    for i, g in enumerate(plan.groups):
+        if g.sequence_parallel and not g.name.startswith("tp:"):
+            raise PlanError(f"groups[{i}].sequence_parallel: only tensor-parallel ('tp:*') groups split the "
+                            f"sequence, not {g.name!r}")

@@ -59,6 +59,8 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel group size (ranks / TP groups of data parallelism); auto splits heads, MLP "
                         "features and vocabulary by measured speed, uniform evenly (Megatron)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: norms and residuals hold only each rank's (uneven) slice of the sequence")
     p.add_argument("--pp", type=int, default=1,
                    help="pipeline stages per replica (ranks / STAGES replicas); auto places pieces by measured "
                         "speed and memory, uniform splits blocks evenly (Megatron)")
@@ -103,9 +105,9 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--prefetch must be >= 0, got {args.prefetch}")
     if args.tp < 1:
         p.error(f"--tp must be >= 1, got {args.tp}")
-    if args.tp > 1 and (args.pp > 1 or args.zero or args.sync_every > 1 or args.precision != "fp32"):
-        p.error(f"--tp {args.tp} runs with plain data parallelism across TP groups: not with --pp, --zero, "
-                f"--sync-every or --precision per-device (yet)")
+    if args.tp > 1 and (args.pp > 1 or args.zero or args.sync_every > 1):
+        p.error(f"--tp {args.tp} runs with plain data parallelism across TP groups: not with --pp, --zero or "
+                f"--sync-every (yet)")
     if args.pp < 1:
         p.error(f"--pp must be >= 1, got {args.pp}")
     if args.microbatches is not None and args.microbatches < 1:

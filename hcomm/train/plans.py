@@ -16,7 +16,8 @@ numbers separated by ``:``), ``overlap`` (1: the outer all-reduce runs behind
 the next inner steps), ``resplit`` (re-split the batch by the compute measured
 in the first N steps; 0 = never), ``zero`` (ZeRO stage; also on ``uniform``:
 torch's ZeroRedundancyOptimizer or FSDP2), ``prefetch`` (ZeRO-3 gathers ahead),
-``pp`` (pipeline stages per replica), ``split`` (pipeline pieces: ``auto``,
+``pp`` (pipeline stages per replica), ``tp`` (tensor-parallel group size), ``sp``
+(1: sequence parallelism inside the TP groups), ``split`` (pipeline pieces: ``auto``,
 ``uniform`` = Megatron's equal blocks, ``parameters`` = DeepSpeed's parameter
 balance), ``schedule`` and ``microbatches``.
 
@@ -34,8 +35,8 @@ import os
 from typing import Dict, List, Tuple
 
 KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "zero", "prefetch",
-        "pp", "split", "schedule", "microbatches", "precision", "tp")
-PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp")
+        "pp", "split", "schedule", "microbatches", "precision", "tp", "sp")
+PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp", "sp")
 
 
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
@@ -114,7 +115,10 @@ def make_plans(args, view) -> List:
     for entry in args.plan.split(","):
         base, pins = parse_entry(entry)
         if base in ("auto", "equal", "uniform") and int(pins.get("tp", getattr(args, "tp", 1))) > 1:
-            plans.append(tensor_plan(args, view, entry, base, pins))
+            plan = tensor_plan(args, view, entry, base, pins)
+            if base == "auto":
+                apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
+            plans.append(plan)
             continue
         if base in ("auto", "equal", "uniform") and _pipeline_stages(args, pins) > 1:
             plan = pipeline_plan(args, view, entry, base, pins)
@@ -178,9 +182,9 @@ def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
     from hcomm.parallel.planner.tensor import plan_tensor
 
     if base == "equal" or _zero_stage(args, pins) or _pipeline_stages(args, pins) > 1 or \
-            int(pins.get("sync_every", args.sync_every)) > 1 or pins.get("precision", "fp32") != "fp32":
-        raise ValueError(f"--plan {entry}: tensor parallelism runs as auto or uniform, without zero, pp, sync_every "
-                         f"or per-device precision")
+            int(pins.get("sync_every", args.sync_every)) > 1:
+        raise ValueError(f"--plan {entry}: tensor parallelism runs as auto or uniform, without zero, pp or "
+                         f"sync_every")
     if args.dp_shares is not None or "shares" in pins:
         raise ValueError(f"--plan {entry}: a TP group's rows come from the planner; --dp-shares / @shares do not "
                          f"apply with --tp")
@@ -191,7 +195,9 @@ def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
     plan = plan_tensor(view, args.global_batch, args.seq_len, tp=int(pins.get("tp", args.tp)), dim=config.dim,
                        n_layers=config.n_layers, split="uniform" if base == "uniform" else "auto", name=entry,
                        bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
-                       compression=pins.get("compress", args.compress))
+                       compression=pins.get("compress", args.compress),
+                       sequence_parallel=pins.get("sp", "1" if getattr(args, "sequence_parallel", False) else "0")
+                       in ("1", "true", "yes"))
     group = plan.tensor_groups()[0].ranks
     vocab = view.profiles[0].layers[-1].param_bytes // (4 * config.dim)   # the head: vocab x dim fp32
     split = tp_split(config, vocab, [plan.ranks[r].tp_fraction for r in group])   # refuses what cannot split

@@ -102,17 +102,22 @@ def _group(ctx, k: int, backend: str):
     return gloo if backend == "gloo" else hcomm_group
 
 
-def case_train(ctx, k: int, name: str, fractions: Sequence[float], backend: str = "gloo", steps: int = STEPS):
+def case_train(ctx, k: int, name: str, fractions: Sequence[float], backend: str = "gloo", steps: int = STEPS,
+               sequence_parallel: bool = False, reverse: bool = False):
     """Shard ``name`` over ranks [0, k) with ``fractions``; run ``steps`` SGD steps on the whole batch.
+    ``reverse``: group rank r holds shard k-1-r (a plan that lists the fastest rank first).
 
     Returns on the group's ranks: the split, per-step losses, the step-0 gradients and the final
-    parameters by name (this rank's shard); None elsewhere."""
+    parameters by name (this rank's shard), and the shard index; None elsewhere."""
     from hcomm.parallel.tensor.parallelize import tensor_parallelize
 
     if not ctx.in_group(k):
         return None
     group = _group(ctx, k, backend)
-    tp = tensor_parallelize(build(name), group, list(fractions))
+    shard_ranks = [k - 1 - p for p in range(k)] if reverse else list(range(k))
+    index = shard_ranks.index(ctx.rank)
+    tp = tensor_parallelize(build(name), group, list(fractions), index=index, sequence_parallel=sequence_parallel,
+                            shard_ranks=shard_ranks)
     opt = torch.optim.SGD(tp.parameters(), lr=LR)
     losses, grads0 = [], None
     for step in range(steps):
@@ -124,7 +129,7 @@ def case_train(ctx, k: int, name: str, fractions: Sequence[float], backend: str 
         opt.step()
         losses.append(float(loss.detach()))
     split = dataclasses.asdict(tp.split)
-    return split, losses, grads0, {n: p.detach().clone() for n, p in tp.named_parameters()}
+    return split, losses, grads0, {n: p.detach().clone() for n, p in tp.named_parameters()}, index
 
 
 def ce_logits(n_vocab: int):

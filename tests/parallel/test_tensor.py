@@ -154,17 +154,28 @@ EQUIVALENCE = {
               dict(kv_heads=[1, 2, 5], q_heads=[1, 2, 5], hidden=[32, 96, 224], vocab=[12, 24, 61])),
     "1:2:5 on hcomm": (3, "heads8", [1 / 8, 2 / 8, 5 / 8], "hcomm",
                        dict(kv_heads=[1, 2, 5], q_heads=[1, 2, 5], hidden=[32, 96, 224], vocab=[12, 24, 61])),
+    # sequence parallelism: uneven slices of the sequence through hcomm's reduce_scatter_v / all_gather_v,
+    # with the shards held in reverse group-rank order (the slices must follow the group ranks)
+    "1:2:5 sequence parallel, reversed": (3, "heads8", [1 / 8, 2 / 8, 5 / 8], "hcomm",
+                                          dict(kv_heads=[1, 2, 5], q_heads=[1, 2, 5], hidden=[32, 96, 224],
+                                               vocab=[12, 24, 61]), dict(sequence_parallel=True, reverse=True)),
+    "2:1 sequence parallel": (2, "tiny", [2 / 3, 1 / 3], "hcomm",
+                              dict(kv_heads=[3, 1], q_heads=[3, 1], hidden=[224, 128], vocab=[65, 32]),
+                              dict(sequence_parallel=True)),
 }
 
 
 @pytest.mark.parametrize("case", list(EQUIVALENCE))
 def test_shards_equal_the_unsharded_model(pool, case):
-    k, name, fractions, backend, want_split = EQUIVALENCE[case]
+    k, name, fractions, backend, want_split, *options = EQUIVALENCE[case]
     cfg = tc.config(name)
     ref_losses, ref_grads, ref_params = tc.reference(name)
-    results = [r for r in pool.run(tc.case_train, k, name, fractions, backend) if r is not None]
+    opts = options[0] if options else {}
+    results = [r for r in pool.run(tc.case_train, k, name, fractions, backend, tc.STEPS,
+                                   opts.get("sequence_parallel", False), opts.get("reverse", False))
+               if r is not None]
     assert len(results) == k
-    for index, (split, losses, grads, params) in enumerate(results):
+    for split, losses, grads, params, index in results:
         assert split == want_split
         # every parameter of the unsharded model is held by this rank, cut or whole
         assert sorted(grads) == sorted(ref_grads) == sorted(params)
@@ -286,13 +297,9 @@ RULES = {
     "TP with pipelines": (_with_pipelines, TP_ONLY),
     "TP with sync_every": (lambda p: _set(p.groups[0], sync_every=4), TP_ONLY),
     "TP on ddp-gloo": (lambda p: _set(p, backend="ddp-gloo"), TP_ONLY),
-    "TP with bf16": (
-        lambda p: [_set(r, compute_dtype="bf16") for r in p.ranks],
-        "tensor parallelism with low compute dtypes is not supported yet (the activations a TP group sums would "
-        "need one dtype)"),
-    "TP with fp16 on one rank": (
-        lambda p: _set(p.ranks[2], compute_dtype="fp16"),
-        "tensor parallelism with low compute dtypes is not supported yet"),
+    "TP with a dtype the device lacks": (
+        lambda p: (_set(p.ranks[2], device="V100"), _set(p.ranks[2], compute_dtype="bf16")),
+        "ranks[2].compute_dtype: V100 cannot compute in bf16"),
 }
 
 
@@ -317,6 +324,13 @@ def test_tp_fields_without_tp_groups(field, value, message):
     with pytest.raises(PlanError) as info:
         plan.validate()
     assert message in str(info.value)
+
+
+def test_tp_takes_per_device_dtypes():
+    """Ranks of one TP group may compute in different dtypes: row-parallel partial sums are fp32."""
+    plan = tp_plan()
+    plan.ranks[0].compute_dtype, plan.ranks[1].compute_dtype = "bf16", "fp16"
+    plan.validate()
 
 
 def test_valid_tp_plan_and_yaml_round_trip(tmp_path):
@@ -401,7 +415,10 @@ def test_tp_planner_does_not_mutate_the_view():
 
 TRAIN_STEPS = 3
 TRAIN_REL = 1e-4
-PLANS = ["auto", "uniform", "auto@tp=4", "uniform@tp=1"]
+PLANS = ["auto", "uniform", "auto@tp=4", "uniform@tp=1", "auto@sp=1", "auto@tp=4@sp=1",
+         "auto@precision=per-device@sp=1"]
+MIXED = "auto@precision=per-device@sp=1"   # A100 ranks bf16, V100 ranks fp16, one loss scale per TP group
+MIXED_REL = 2.0 ** -9                      # half bf16's unit roundoff (tests/parallel/test_precision.py)
 REFERENCE = "uniform@tp=1"
 
 
@@ -418,10 +435,15 @@ def test_every_tp_plan_trains_the_reference_losses(trained):
     want = [s["loss"] for s in ref["steps"]]
     assert len(want) == TRAIN_STEPS and want[-1] < want[0]
     for name, run in runs.items():
+        rel = MIXED_REL if name == MIXED else TRAIN_REL
         got = [s["loss"] for s in run["steps"]]
-        assert got == pytest.approx(want, rel=TRAIN_REL), name
+        assert got == pytest.approx(want, rel=rel), name
         assert all(s["tokens"] == 8 * 32 and len(s["ranks"]) == 4 for s in run["steps"]), name
-        assert run["eval_loss"] == pytest.approx(ref["eval_loss"], rel=TRAIN_REL), name
+        assert run["eval_loss"] == pytest.approx(ref["eval_loss"], rel=rel), name
+    mixed = runs[MIXED]
+    assert [r.get("compute_dtype", "fp32") for r in mixed["plan"]["ranks"]] == ["bf16", "bf16", "fp16", "fp16"]
+    assert all(not s["skipped"] and s["loss_scales"] == [65536.0] * 4 for s in mixed["steps"])
+    assert [s["loss"] for s in mixed["steps"]] != want   # autocast ran
 
 
 def test_the_tp_plans_are_the_groups_asked_for(trained):
@@ -436,6 +458,9 @@ def test_the_tp_plans_are_the_groups_asked_for(trained):
             assert [runs[name]["counts"][r] for r in g.ranks] == [counts[g.ranks[0]]] * size, name
         fr = _fractions(plan)
         assert all(f == fr[0] for f in fr) and sum(fr[0]) == pytest.approx(1.0), name
+    for name in ("auto@sp=1", "auto@tp=4@sp=1"):   # sequence parallel (uneven slices of the 32 positions)
+        assert all(g.sequence_parallel for g in Plan.from_dict(runs[name]["plan"]).tensor_groups()), name
+    assert not any(g.sequence_parallel for g in Plan.from_dict(runs["auto"]["plan"]).tensor_groups())
     uniform = Plan.from_dict(runs["uniform"]["plan"])
     assert [g.ranks for g in uniform.tensor_groups()] == [[0, 1], [2, 3]]
     assert _fractions(uniform) == [[0.5, 0.5], [0.5, 0.5]] and uniform.batch_counts() == [4, 0, 4, 0]
@@ -454,3 +479,10 @@ def test_tp_fractions_are_capped_by_memory():
     with pytest.raises(ValueError, match="do not fit memory"):
         plan_tensor(view([1.0, 0.5], budgets=[room, 8 << 30]), 12, 16, tp=2, dim=64, n_layers=7,
                     fractions=[0.7, 0.3])
+
+
+def test_sequence_parallel_only_in_tp_groups():
+    plan = Plan.from_shares([0.5, 0.5], 8, 16)
+    plan.dp_group().sequence_parallel = True
+    with pytest.raises(PlanError, match=r"groups\[0\]\.sequence_parallel: only tensor-parallel \('tp:\*'\) groups"):
+        plan.validate()

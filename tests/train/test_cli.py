@@ -133,8 +133,7 @@ def test_pipeline_replicas_compress_their_gradient_sync():
 
 # --- tensor parallelism -----------------------------------------------------------------------------
 
-TP_ALONE = "runs with plain data parallelism across TP groups: not with --pp, --zero, --sync-every or " \
-           "--precision per-device (yet)"
+TP_ALONE = "runs with plain data parallelism across TP groups: not with --pp, --zero or --sync-every (yet)"
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -142,7 +141,6 @@ TP_ALONE = "runs with plain data parallelism across TP groups: not with --pp, --
     (["--tp", "-2"], "--tp must be >= 1, got -2"),
     (["--tp", "2", "--pp", "2"], "--tp 2 " + TP_ALONE),
     (["--tp", "2", "--zero", "1"], "--tp 2 " + TP_ALONE),
-    (["--tp", "2", "--precision", "per-device"], "--tp 2 " + TP_ALONE),
     (["--tp", "4", "--sync-every", "4"], "--tp 4 " + TP_ALONE),
     (["--plan", "auto@tp=0"], "--plan auto@tp=0: tp must be a positive integer, got '0'"),
     (["--plan", "auto@tp=two"], "--plan auto@tp=two: tp must be a positive integer, got 'two'"),
@@ -151,7 +149,7 @@ def test_bad_tensor_parallel_arguments_are_named(capsys, argv, words):
     assert words in _error(capsys, argv)
 
 
-TP_PLAIN = "tensor parallelism runs as auto or uniform, without zero, pp, sync_every or per-device precision"
+TP_PLAIN = "tensor parallelism runs as auto or uniform, without zero, pp or sync_every"
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -160,7 +158,6 @@ TP_PLAIN = "tensor parallelism runs as auto or uniform, without zero, pp, sync_e
     (["--plan", "auto@tp=2@zero=1"], "--plan auto@tp=2@zero=1: " + TP_PLAIN),
     (["--plan", "auto@tp=2@pp=2"], "--plan auto@tp=2@pp=2: " + TP_PLAIN),
     (["--plan", "auto@tp=2@sync_every=4"], "--plan auto@tp=2@sync_every=4: " + TP_PLAIN),
-    (["--plan", "auto@tp=2@precision=per-device"], "--plan auto@tp=2@precision=per-device: " + TP_PLAIN),
     (["--plan", "equal@tp=2"], "--plan equal@tp=2: " + TP_PLAIN),
     (["--tp", "2", "--dp-shares", "0.7,0.1,0.1,0.1", "--plan", "auto"],
      "--plan auto: a TP group's rows come from the planner; --dp-shares / @shares do not apply with --tp"),

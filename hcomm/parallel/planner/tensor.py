@@ -48,7 +48,8 @@ def speed_fractions(view, groups: List[List[int]]) -> List[float]:
 
 def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_layers: int, split: str = "auto",
                 fractions: Optional[Sequence[float]] = None, name: str = "",
-                bucket_bytes: Optional[int] = None, compression: str = "none") -> Plan:
+                bucket_bytes: Optional[int] = None, compression: str = "none",
+                sequence_parallel: bool = False) -> Plan:
     if split not in SPLITS:
         raise ValueError(f"TP split must be one of {', '.join(SPLITS)}, got {split!r}")
     groups = tensor_groups(view, tp, split)
@@ -74,7 +75,7 @@ def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_l
     plan_groups = [GroupPlan("dp", list(range(world)), **({"bucket_bytes": bucket_bytes} if bucket_bytes else {}),
                              compression=compression)]
     for i, g in enumerate(groups):
-        plan_groups.append(GroupPlan(f"tp:{i}", list(g)))
+        plan_groups.append(GroupPlan(f"tp:{i}", list(g), sequence_parallel=sequence_parallel))
         for pos, r in enumerate(g):
             ranks[r].tp_group, ranks[r].tp_fraction = i, fr[pos]
         ranks[g[0]].batch_share = rows[i] / global_batch

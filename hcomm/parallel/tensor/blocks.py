@@ -23,8 +23,9 @@ from hcomm.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 
 
 class TPAttention(nn.Module):
-    def __init__(self, full: Attention, kv_heads: Sequence[int], rank: int, group):
+    def __init__(self, full: Attention, kv_heads: Sequence[int], rank: int, group, seq=None):
         super().__init__()
+        self.seq = seq   # sequence parallelism (parallelize.SequenceSlices) or None
         if sum(kv_heads) != full.n_kv_heads:
             raise ValueError(f"TP attention: kv head split {list(kv_heads)} does not sum to {full.n_kv_heads}")
         per_kv = full.n_heads // full.n_kv_heads
@@ -35,16 +36,17 @@ class TPAttention(nn.Module):
         self.wq = ColumnParallelLinear(full.wq, q_start * hd, self.n_heads * hd, group, enter=False)
         self.wk = ColumnParallelLinear(full.wk, kv_start * hd, kv_size * hd, group, enter=False)
         self.wv = ColumnParallelLinear(full.wv, kv_start * hd, kv_size * hd, group, enter=False)
-        self.wo = RowParallelLinear(full.wo, q_start * hd, self.n_heads * hd, group)
+        self.wo = RowParallelLinear(full.wo, q_start * hd, self.n_heads * hd, group,
+                                    leave=seq.scatter if seq is not None else None)
         self.max_seq_len = full.max_seq_len
         self.register_buffer("rope_cos", full.rope_cos.clone(), persistent=False)
         self.register_buffer("rope_sin", full.rope_sin.clone(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.seq.gather(x) if self.seq is not None else copy_to(x, self.group)
         batch, seq_len, _ = x.shape
         if seq_len > self.max_seq_len:
             raise ValueError(f"sequence length {seq_len} exceeds max_seq_len={self.max_seq_len}")
-        x = copy_to(x, self.group)
         q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -58,8 +60,9 @@ class TPAttention(nn.Module):
 
 
 class TPFeedForward(nn.Module):
-    def __init__(self, full: FeedForward, hidden: Sequence[int], rank: int, group):
+    def __init__(self, full: FeedForward, hidden: Sequence[int], rank: int, group, seq=None):
         super().__init__()
+        self.seq = seq
         total = full.w1.weight.shape[0]
         if sum(hidden) != total:
             raise ValueError(f"TP MLP: hidden split {list(hidden)} does not sum to {total}")
@@ -67,8 +70,8 @@ class TPFeedForward(nn.Module):
         self.group = group
         self.w1 = ColumnParallelLinear(full.w1, start, size, group, enter=False)
         self.w3 = ColumnParallelLinear(full.w3, start, size, group, enter=False)
-        self.w2 = RowParallelLinear(full.w2, start, size, group)
+        self.w2 = RowParallelLinear(full.w2, start, size, group, leave=seq.scatter if seq is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to(x, self.group)
+        x = self.seq.gather(x) if self.seq is not None else copy_to(x, self.group)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))

@@ -7,7 +7,7 @@ model's values and equivalence tests compare like with like.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,15 +43,18 @@ class RowParallelLinear(nn.Module):
     """y = sum over the group of x_local W[:, start:start+size]^T: this rank's input features; the
     partial outputs are summed (all-reduce) so every rank leaves with the whole output."""
 
-    def __init__(self, full: nn.Linear, start: int, size: int, group):
+    def __init__(self, full: nn.Linear, start: int, size: int, group, leave: Optional[Callable] = None):
         super().__init__()
         if full.bias is not None:
             raise ValueError("RowParallelLinear: layers with a bias are not supported (the reference model has none)")
         self.weight = _slice_weight(full.weight, 1, start, size)
         self.start, self.size, self.group = start, size, group
+        self.leave = leave   # how partial outputs are summed (sequence parallelism: a reduce-scatter)
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        return reduce_from(F.linear(x_local, self.weight), self.group)
+        # summed in fp32: ranks of one group may compute in different dtypes (per-device precision)
+        partial = F.linear(x_local, self.weight).float()
+        return self.leave(partial) if self.leave is not None else reduce_from(partial, self.group)
 
     def extra_repr(self) -> str:
         return f"in_features [{self.start}, {self.start + self.size})"

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hcomm.models.llama import Llama
+from hcomm.models.llama import Llama, RMSNorm
+from hcomm.parallel.tensor.sequence import gather_seq, scatter_seq, sum_grad_over
 from hcomm.parallel.tensor.blocks import TPAttention, TPFeedForward
 from hcomm.parallel.tensor.split import check_fractions, split_sizes
 from hcomm.parallel.tensor.vocab import VocabParallelEmbedding, VocabParallelHead, vocab_parallel_cross_entropy
@@ -49,26 +50,62 @@ def tp_split(config, vocab_size: int, fractions: Sequence[float], *, mlp_unit: i
                    split_sizes(vocab_size, fractions, vocab_unit, "vocabulary rows"))
 
 
+class SequenceSlices:
+    """Sequence parallelism's shared state: the sequence split by the TP fractions (set per forward from
+    the batch's length) and the two collectives every module uses with it."""
+
+    def __init__(self, fractions: Sequence[float], shard_ranks: Sequence[int], group):
+        # The collectives list slices in group-rank order; the shard at plan position p is held by group
+        # rank shard_ranks[p], and its slice is the fraction of that shard.
+        self.group, self.sizes = group, []
+        self.rank = dist.get_rank(group)
+        by_rank = [0.0] * len(fractions)
+        for p, k in enumerate(shard_ranks):
+            by_rank[k] = fractions[p]
+        self.fractions = by_rank
+
+    def set_length(self, seq_len: int) -> None:
+        self.sizes = split_sizes(seq_len, self.fractions, 1, "sequence positions")
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        return gather_seq(local, self.sizes, self.rank, self.group)
+
+    def scatter(self, full: torch.Tensor) -> torch.Tensor:
+        return scatter_seq(full, self.sizes, self.rank, self.group)
+
+
 class TensorParallelLlama(nn.Module):
-    def __init__(self, model: nn.Module, group, split: TPSplit, index: int):
+    def __init__(self, model: nn.Module, group, split: TPSplit, index: int, fractions: Sequence[float] = (),
+                 sequence_parallel: bool = False, shard_ranks: Optional[Sequence[int]] = None):
         super().__init__()
         rank = index
         self.group, self.split, self.config = group, split, model.config
+        ranks = list(shard_ranks) if shard_ranks is not None else list(range(len(fractions)))
+        self.seq = SequenceSlices(fractions, ranks, group) if sequence_parallel else None
+        seq = self.seq
         v0 = sum(split.vocab[:rank])
         self.vocab_start = v0
-        self.embed = VocabParallelEmbedding(model.embed, v0, split.vocab[rank], group)
+        self.embed = VocabParallelEmbedding(model.embed, v0, split.vocab[rank], group, seq)
         self.blocks = nn.ModuleList()
         for block in model.blocks:
-            block.attn = TPAttention(block.attn, split.kv_heads, rank, group)
-            block.ffn = TPFeedForward(block.ffn, split.hidden, rank, group)
+            block.attn = TPAttention(block.attn, split.kv_heads, rank, group, seq)
+            block.ffn = TPFeedForward(block.ffn, split.hidden, rank, group, seq)
             self.blocks.append(block)
         self.norm = model.norm
-        self.head = VocabParallelHead(model.head, v0, split.vocab[rank], group)
+        self.head = VocabParallelHead(model.head, v0, split.vocab[rank], group, seq)
+        if seq is not None:   # norms see only this rank's tokens: their gradients are summed over the group
+            for module in self.modules():
+                if isinstance(module, RMSNorm):
+                    sum_grad_over(module.weight, group)
 
     # The reference model's own layer_modules and forward: they only read embed, blocks, norm and head,
-    # which here are the shards (forward returns this rank's vocabulary slice of the logits).
+    # which here are the shards (forward returns this rank's vocabulary slice of the logits, whole sequence).
     layer_modules = Llama.layer_modules
-    forward = Llama.forward
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.seq is not None:
+            self.seq.set_length(tokens.shape[1])
+        return Llama.forward(self, tokens)
 
     def loss(self, tokens_with_targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         logits = self(tokens_with_targets[:, :-1])
@@ -77,11 +114,13 @@ class TensorParallelLlama(nn.Module):
 
 
 def tensor_parallelize(model: nn.Module, group, fractions: Sequence[float], index: Optional[int] = None,
+                       sequence_parallel: bool = False, shard_ranks: Optional[Sequence[int]] = None,
                        **units) -> TensorParallelLlama:
     """This rank's shard ``index`` (default: its rank in ``group``) of ``model`` (a ``hcomm.models.Llama``)
     over ``group``; the model's blocks are reused (their attention and MLP replaced), the other pieces
     rebuilt from its weights.  Shards are in the order of ``fractions``; collectives only sum, so which
-    group rank holds which shard is free (a plan lists the fastest rank first)."""
+    group rank holds which shard is free (a plan lists the fastest rank first); sequence parallelism's
+    uneven collectives are not, so ``shard_ranks[p]`` names the group rank holding shard p (default: p)."""
     if getattr(model.config, "tie_embeddings", False):
         raise ValueError("tensor parallelism of tied embeddings is not supported (embedding and head split "
                          "differently)")
@@ -95,4 +134,9 @@ def tensor_parallelize(model: nn.Module, group, fractions: Sequence[float], inde
     index = dist.get_rank(group) if index is None else index
     if not 0 <= index < n:
         raise ValueError(f"TP shard index {index} outside 0..{n - 1}")
-    return TensorParallelLlama(model, group, split, index)
+    if shard_ranks is not None and sorted(shard_ranks) != list(range(n)):
+        raise ValueError(f"shard_ranks must list each of the group's {n} ranks once, got {list(shard_ranks)}")
+    if shard_ranks is not None and shard_ranks[index] != dist.get_rank(group):
+        raise ValueError(f"shard {index} is held by group rank {shard_ranks[index]}, not this rank "
+                         f"({dist.get_rank(group)})")
+    return TensorParallelLlama(model, group, split, index, fractions, sequence_parallel, shard_ranks)

@@ -18,28 +18,29 @@ from hcomm.parallel.tensor.comm import copy_to, reduce_from
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, full: nn.Embedding, start: int, size: int, group):
+    def __init__(self, full: nn.Embedding, start: int, size: int, group, seq=None):
         super().__init__()
         self.weight = nn.Parameter(full.weight.detach()[start:start + size].clone())
-        self.start, self.size, self.group = start, size, group
+        self.start, self.size, self.group, self.seq = start, size, group, seq
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         local = tokens - self.start
         outside = (local < 0) | (local >= self.size)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return reduce_from(out.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return self.seq.scatter(out) if self.seq is not None else reduce_from(out, self.group)
 
 
 class VocabParallelHead(nn.Module):
     """Logits of this rank's vocabulary range: [..., size]."""
 
-    def __init__(self, full: nn.Linear, start: int, size: int, group):
+    def __init__(self, full: nn.Linear, start: int, size: int, group, seq=None):
         super().__init__()
         self.weight = nn.Parameter(full.weight.detach()[start:start + size].clone())
-        self.start, self.size, self.group = start, size, group
+        self.start, self.size, self.group, self.seq = start, size, group, seq
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to(x, self.group), self.weight)
+        return F.linear(self.seq.gather(x) if self.seq is not None else copy_to(x, self.group), self.weight)
 
 
 class _ParallelCrossEntropy(torch.autograd.Function):
