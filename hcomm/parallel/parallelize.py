@@ -1,10 +1,13 @@
 """Applying a plan to a model on one rank: ``parallelize(model, plan, groups)``.
 
-Each dimension reads only its own part of the plan.  For now that is data
-parallelism: this rank's sample count and micro-batch, and the "dp" group's
-bucket size, weak-tier compression and cross-island sync period.  The
-``ddp-gloo`` backend is the homogeneous baseline: torch's DDP at its
-defaults over gloo, equal batches.
+Each dimension reads only its own part of the plan: data parallelism this
+rank's sample count and micro-batch and the "dp" group's bucket size,
+weak-tier compression and cross-island sync period; ZeRO the ranks'
+zero_stage and shard fractions (``zero/runner.py``); pipelines the "pp:*"
+groups (``_pipeline``); tensor parallelism the "tp:*" groups (``_tensor``);
+precision each rank's compute_dtype.  The ``ddp-gloo`` / ``fsdp2-gloo``
+backends are the homogeneous baselines: torch's DDP / FSDP2 over gloo,
+equal batches.
 
 ``ParallelModel.train_step(rows_fn)`` runs one optimizer step: forward and
 backward over this rank's rows in micro-batches, the gradient sync, the
