@@ -3,7 +3,9 @@
 The tiny model, a few steps: the auto plan must give the half-speed V100
 ranks fewer samples than the A100 ranks (measured, not told), train, and
 agree with the uniform baseline's losses; a rank whose memory cannot hold
-the model must stop every rank before training with the rank and kind named.
+the model must stop every rank before training with the rank and kind named;
+pipelines and tensor parallelism put more of the work on the faster rank,
+and per-device precision picks each emulated device kind's dtype.
 """
 import json
 import os
@@ -73,3 +75,21 @@ def test_pipeline_places_more_work_on_the_faster_rank(emulator, tmp_path):
     assert auto["predicted_step_s"] < uniform["predicted_step_s"]
     for a, u in zip(auto["steps"], uniform["steps"]):
         assert a["loss"] == pytest.approx(u["loss"], rel=1e-4)
+
+
+def test_tensor_parallel_shards_and_dtypes_follow_the_devices(emulator, tmp_path):
+    """mixed-speed, one TP group of 2: auto gives the A100 (speed 1.0) the larger shard of every split,
+    per-device precision gives it bf16 and the V100 fp16 (from the emulated device kinds), and the
+    losses equal the even split's (fp32: 1e-4) and stay within 2^-9 with mixed dtypes."""
+    out_json = tmp_path / "run.json"
+    out = _train(tmp_path, "--cluster", "mixed-speed", *TINY, "--global-batch", "8", "--steps", "2",
+                 "--tp", "2", "--plan", "auto,uniform,auto@precision=per-device@sp=1", "--json", str(out_json))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    doc = json.loads(out_json.read_text())
+    auto, uniform, mixed = doc["runs"]
+    fractions = [r.get("tp_fraction", 1.0) for r in auto["plan"]["ranks"]]
+    assert fractions[0] > fractions[1] and [r.get("tp_fraction", 1.0) for r in uniform["plan"]["ranks"]] == [0.5, 0.5]
+    assert [r.get("compute_dtype", "fp32") for r in mixed["plan"]["ranks"]] == ["bf16", "fp16"]
+    for a, u, m in zip(auto["steps"], uniform["steps"], mixed["steps"]):
+        assert a["loss"] == pytest.approx(u["loss"], rel=1e-4)
+        assert m["loss"] == pytest.approx(u["loss"], rel=2.0 ** -9) and not m["skipped"]
