@@ -72,6 +72,9 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--eval-batches", type=int, default=4, help="held-out batches for the final eval loss")
     p.add_argument("--json", default=None, help="write one record per step, the plans, machine and versions")
     p.add_argument("--plot", default=None, help="draw loss vs time and the per-rank time breakdown (PNG)")
+    p.add_argument("--save-plan", default=None,
+                   help="write the plan as YAML (several plans: PATH with -1, -2, ... before the extension); "
+                        "hcomm train --plan PATH runs it")
     p.add_argument("--print-plan-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--local", action="store_true", help="unshaped local ranks, no emulated cluster")
     args = p.parse_args(argv)

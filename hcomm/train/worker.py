@@ -162,6 +162,15 @@ def plans_for(args, view, rank: int) -> List:
     return [Plan.from_yaml(t).validate(view.world_size) for t in texts]
 
 
+def save_plans(plans: List, path: str) -> None:
+    """Each plan's YAML: ``path`` for one plan, ``stem-1.ext``, ``stem-2.ext``, ... for several."""
+    stem, ext = os.path.splitext(path)
+    for i, plan in enumerate(plans):
+        target = path if len(plans) == 1 else f"{stem}-{i + 1}{ext}"
+        plan.save(target)
+        print(f"hcomm train: wrote plan '{plan.name}' to {target}", flush=True)
+
+
 def run(args) -> int:
     from hcomm.parallel.parallelize import make_groups
     from hcomm.train.loop import train_plan
@@ -189,6 +198,8 @@ def run(args) -> int:
 
             print(format_profiles(view.profiles), flush=True)
         plans = plans_for(args, view, rank)
+        if args.save_plan and rank == 0:
+            save_plans(plans, args.save_plan)
         del model
         if args.print_plan_only:
             for plan in plans:

@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers.mp import Pool
 from tests.parallel import test_pipeline_runtime as rt
-from tests.parallel.train_runs import train_local
+from tests.parallel.train_runs import plan_local, train_local
 
 STEPS = 3
 LOSS_REL = 1e-4
@@ -177,3 +177,21 @@ def test_positions_must_list_every_rank_once():
     assert _placed_order("gpipe", 2, 2, 2, 1, [0, 1]) is None
     order = _placed_order("1f1b", 2, 2, 1, 1, [0, 1])
     assert order == {0: [(0, "F", 0), (0, "B", 0)], 1: [(1, "F", 0), (1, "B", 0)]}
+
+
+def test_a_saved_pipeline_plan_runs_as_planned(tmp_path):
+    """Plan to runtime round trip: ``hcomm plan --save-plan`` writes the pipeline plan as YAML, ``hcomm
+    train --plan FILE`` runs exactly that plan (the run's plan equals the file's) and trains the DDP
+    reference's losses."""
+    from hcomm.parallel.plan import Plan
+
+    path = tmp_path / "pp.yaml"
+    stdout = plan_local(tmp_path, "--pp", "2", "--save-plan", str(path))
+    assert f"wrote plan 'auto' to {path}" in stdout
+    saved = Plan.load(str(path))
+    assert len(saved.pipeline_groups()) == 2
+    runs, _ = train_local(tmp_path, [str(path), REFERENCE], 2)
+    ran = runs[saved.name]
+    assert Plan.from_dict(ran["plan"]) == saved
+    want = [s["loss"] for s in runs[REFERENCE]["steps"]]
+    assert [s["loss"] for s in ran["steps"]] == pytest.approx(want, rel=LOSS_REL)

@@ -31,3 +31,13 @@ def train_local(tmp, plans: List[str], steps: int, *extra: str) -> Tuple[Dict[st
     doc = json.loads(out_json.read_text())
     assert len(doc["runs"]) == len(plans)
     return {run["plan"]["name"]: run for run in doc["runs"]}, out.stdout
+
+
+def plan_local(tmp, *args: str) -> str:
+    """``hcomm plan --local`` on the tiny model (no training); its stdout."""
+    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp / "data"),
+               HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "hcomm", "plan", *TINY, *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
