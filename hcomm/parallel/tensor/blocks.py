@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from hcomm.models.llama import Attention, FeedForward, apply_rope
+from hcomm.models.llama import Attention, FeedForward
 from hcomm.parallel.tensor.comm import copy_to
 from hcomm.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, rows_of
 
@@ -43,20 +42,9 @@ class TPAttention(nn.Module):
         self.register_buffer("rope_sin", full.rope_sin.clone(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.seq.gather(x) if self.seq is not None else copy_to(x, self.group)
-        batch, seq_len, _ = x.shape
-        if seq_len > self.max_seq_len:
-            raise ValueError(f"sequence length {seq_len} exceeds max_seq_len={self.max_seq_len}")
-        q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.n_kv_heads != self.n_heads:
-            group = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(batch, seq_len, self.n_heads * self.head_dim))
+        # The reference attention on this rank's heads: its projections here are the shards, and the
+        # output projection sums (or reduce-scatters) the partial outputs over the group.
+        return Attention.forward(self, self.seq.gather(x) if self.seq is not None else copy_to(x, self.group))
 
 
 class TPFeedForward(nn.Module):
@@ -73,5 +61,4 @@ class TPFeedForward(nn.Module):
         self.w2 = RowParallelLinear(full.w2, start, size, group, leave=seq.scatter if seq is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.seq.gather(x) if self.seq is not None else copy_to(x, self.group)
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return FeedForward.forward(self, self.seq.gather(x) if self.seq is not None else copy_to(x, self.group))
