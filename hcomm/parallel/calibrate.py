@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from hcomm.parallel.precision import TORCH_DTYPES
+from hcomm.parallel.precision import TORCH_DTYPES, Precision
 
 
 @dataclass
@@ -44,7 +44,7 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 def _piece_pass(piece, x, targets, upstream, is_head: bool, dtype: str):
     """(output, gradient of the input) of one piece in ``dtype`` on the fp32 input ``x``."""
     x = x if x.dtype == torch.long else x.detach().clone().requires_grad_()
-    with (torch.autocast(x.device.type, dtype=TORCH_DTYPES[dtype]) if dtype != "fp32" else _nothing()):
+    with Precision(dtype, device_type=x.device.type).autocast():
         out = piece(x)
         if is_head:
             out = F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), targets.reshape(-1))
@@ -52,14 +52,6 @@ def _piece_pass(piece, x, targets, upstream, is_head: bool, dtype: str):
     for p in piece.parameters():
         p.grad = None
     return out.detach().float(), (x.grad if x.requires_grad else None)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def calibrate(model: torch.nn.Module, dtypes: Sequence[str], *, micro_batch: int = 2, seq_len: int = 64,
@@ -91,7 +83,7 @@ def calibrate(model: torch.nn.Module, dtypes: Sequence[str], *, micro_batch: int
         ref_logits = model(tokens).float()
         ref_loss = float(F.cross_entropy(ref_logits.reshape(-1, ref_logits.shape[-1]), targets.reshape(-1)))
         for dtype in dtypes:
-            with torch.autocast(tokens.device.type, dtype=TORCH_DTYPES[dtype]):
+            with Precision(dtype, device_type=tokens.device.type).autocast():
                 logits = model(tokens).float()
             loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)))
             end_to_end[dtype] = {"logits_rel": _rel(logits, ref_logits), "loss": loss, "loss_fp32": ref_loss,

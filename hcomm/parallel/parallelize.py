@@ -277,15 +277,22 @@ def parallelize(model: torch.nn.Module, plan: Plan, groups: Groups) -> ParallelM
         pm.sync = GradSync(model, groups.hcomm, weight=counts[rank] / global_batch, bucket_bytes=dp.bucket_bytes)
     # Only traffic between islands is compressed: every step's gradients, or the outer sync's deltas.
     hcomm.set_compression(dp.compression, group=groups.hcomm)
-    if any(r.compute_dtype != "fp32" for r in plan.ranks):
-        from hcomm.parallel.devices import local_device_name
-        from hcomm.parallel.precision import Precision
-
-        if dp.sync_every > 1:
-            raise ValueError("per-device precision runs with synchronous data parallelism (sync_every 1)")
-        pm.precision = Precision(me.compute_dtype, rank=rank, device=local_device_name(),
-                                 device_type=next(model.parameters()).device.type)
+    pm.precision = _precision(pm, shared_scale=False)   # each rank unscales its own part of the reduction
     return pm
+
+
+def _precision(pm: ParallelModel, shared_scale: bool):
+    """This rank's ``Precision``, or None when every rank computes in fp32.  ``shared_scale``: ranks whose
+    gradients come from one loss (pipeline stages, a TP group) all scale it when any of them is fp16."""
+    plan = pm.plan
+    if all(r.compute_dtype == "fp32" for r in plan.ranks):
+        return None
+    from hcomm.parallel.devices import local_device_name
+    from hcomm.parallel.precision import Precision
+
+    fp16 = any(r.compute_dtype == "fp16" for r in plan.ranks)
+    return Precision(plan.ranks[pm.rank].compute_dtype, rank=pm.rank, device=local_device_name(),
+                     device_type=next(pm.model.parameters()).device.type, loss_scaling=fp16 if shared_scale else None)
 
 
 def _pipeline(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
@@ -295,11 +302,12 @@ def _pipeline(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
     pipeline group's ranks are its members in ascending order; ``positions`` tells the runtime which
     of them runs each pipeline position (the planner's device order).
     """
-    from hcomm.parallel.pipeline.runtime import Pipeline, make_pipeline_groups
+    from hcomm.parallel.groups import replica_groups
+    from hcomm.parallel.pipeline.runtime import Pipeline
 
     plan = pm.plan
     pipes = plan.pipeline_groups()
-    pipe_group, dp_group = make_pipeline_groups([g.ranks for g in pipes])
+    pipe_group, dp_group = replica_groups([g.ranks for g in pipes])
     if dp_group is not None:   # replicas of a stage: only their traffic between islands is compressed
         import hcomm
 
@@ -312,13 +320,7 @@ def _pipeline(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
                        n_microbatches=mine.micro_batches, virtual_stages=mine.virtual_stages, dp_group=dp_group,
                        bucket_bytes=bucket_bytes, positions=[members.index(r) for r in mine.ranks],
                        compute_dtype=dtype)
-    if any(r.compute_dtype != "fp32" for r in plan.ranks):
-        from hcomm.parallel.devices import local_device_name
-        from hcomm.parallel.precision import Precision
-
-        pm.precision = Precision(dtype, rank=pm.rank, device=local_device_name(),
-                                 device_type=next(pm.model.parameters()).device.type,
-                                 loss_scaling=any(r.compute_dtype == "fp16" for r in plan.ranks))
+    pm.precision = _precision(pm, shared_scale=True)   # one loss, its gradients cross every stage
 
 
 def _gather_stages(model: torch.nn.Module, plan: Plan, group) -> None:
@@ -341,13 +343,13 @@ def _tensor(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
 
     Every rank of a TP group runs the group's rows (the plan gives them to its first rank)."""
     import hcomm
-    from hcomm.parallel.pipeline.runtime import make_pipeline_groups
+    from hcomm.parallel.groups import replica_groups
     from hcomm.parallel.tensor.parallelize import tensor_parallelize
 
     plan = pm.plan
     groups = plan.tensor_groups()
-    # the same shape as pipeline replicas: groups[i].ranks[p] -> (this rank's TP group, its position's group)
-    tp_group, position_group = make_pipeline_groups([g.ranks for g in groups])
+    # groups[i].ranks[p] -> (this rank's TP group, its position's group)
+    tp_group, position_group = replica_groups([g.ranks for g in groups])
     if position_group is None:   # one TP group: each position syncs with itself (nothing crosses a link)
         singles = [dist.new_group([r], backend="gloo") for r in range(plan.world_size)]
         position_group = singles[pm.rank]
@@ -364,11 +366,4 @@ def _tensor(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
                                   sequence_parallel=mine.sequence_parallel,
                                   shard_ranks=[members.index(r) for r in mine.ranks])
     pm.sync = GradSync(pm.model, position_group, weight=pm.samples / plan.global_batch, bucket_bytes=bucket_bytes)
-    if any(r.compute_dtype != "fp32" for r in plan.ranks):
-        from hcomm.parallel.devices import local_device_name
-        from hcomm.parallel.precision import Precision
-
-        # the ranks of a TP group compute one loss together: with any fp16 rank they share one loss scale
-        pm.precision = Precision(plan.ranks[pm.rank].compute_dtype, rank=pm.rank, device=local_device_name(),
-                                 device_type=next(pm.model.parameters()).device.type,
-                                 loss_scaling=any(r.compute_dtype == "fp16" for r in plan.ranks))
+    pm.precision = _precision(pm, shared_scale=True)   # the ranks of a TP group compute one loss together

@@ -93,8 +93,7 @@ def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
             [1.0] * world if pins["shares"] == "equal" else [float(x) for x in pins["shares"].split(":")])
     if base == "equal":
         shares = [1.0] * world
-    bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
-    return dict(shares=shares, bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
+    return dict(shares=shares, bucket_bytes=_bucket_bytes(args, pins),
                 sync_every=int(pins.get("sync_every", args.sync_every)),
                 compression=pins.get("compress", args.compress),
                 outer_overlap=pins.get("overlap", "1" if args.outer_overlap else "0") in ("1", "true", "yes"),
@@ -108,47 +107,57 @@ def _zero_stage(args, pins: Dict[str, str]) -> int:
 
 def make_plans(args, view) -> List:
     """Every plan ``args.plan`` names, on ``view`` (rank 0 calls this; the YAML goes to all)."""
-    from hcomm.parallel.plan import Plan
-    from hcomm.parallel.planner.data import micro_batch_limits, plan_data_parallel
-
     plans = []
     for entry in args.plan.split(","):
         base, pins = parse_entry(entry)
         if base in ("auto", "equal", "uniform") and int(pins.get("tp", getattr(args, "tp", 1))) > 1:
             plan = tensor_plan(args, view, entry, base, pins)
-            if base == "auto":
-                apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
-            plans.append(plan)
-            continue
-        if base in ("auto", "equal", "uniform") and _pipeline_stages(args, pins) > 1:
+        elif base in ("auto", "equal", "uniform") and _pipeline_stages(args, pins) > 1:
             plan = pipeline_plan(args, view, entry, base, pins)
-            if base == "auto":
-                apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
-            plans.append(plan)
-            continue
-        if base in ("auto", "equal"):
-            plan, _ = plan_data_parallel(view, args.global_batch, args.seq_len, name=entry,
-                                         **_pinned(args, pins, view.world_size, base))
-        elif base == "uniform":
-            plan = Plan.uniform(view.world_size, args.global_batch, args.seq_len)
-            plan.name = entry   # as auto's and the pipelines': "uniform@zero=1" and "uniform" stay apart
-            plan.backend = "ddp-gloo"
-            limit = int(min(micro_batch_limits(view, zero_stage=_zero_stage(args, pins))))
-            for r in plan.ranks:
-                r.device = view.devices[r.rank]
-                r.micro_batch = limit
-            plan.notes = ["homogeneous baseline: equal batches, torch DDP at its defaults over gloo"]
-        else:
-            plan = Plan.load(base)
-            plan.name = plan.name or os.path.basename(base)
-        if base in ("auto", "equal", "uniform") and _zero_stage(args, pins):
-            apply_zero(plan, view, _zero_stage(args, pins), base, layout=getattr(args, "zero_layout", "auto"),
-                       prefetch=int(pins.get("prefetch", getattr(args, "prefetch", 1))))
+        else:   # data parallelism, ZeRO, the torch baselines, or a plan file
+            plan = _data_plan(args, view, entry, base, pins)
         if base in ("auto", "equal"):
             apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
-        check_memory(plan, view)
         plans.append(plan)
     return plans
+
+
+def _data_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
+    from hcomm.parallel.plan import Plan
+    from hcomm.parallel.planner.data import micro_batch_limits, plan_data_parallel
+
+    if base in ("auto", "equal"):
+        plan, _ = plan_data_parallel(view, args.global_batch, args.seq_len, name=entry,
+                                     **_pinned(args, pins, view.world_size, base))
+    elif base == "uniform":
+        plan = Plan.uniform(view.world_size, args.global_batch, args.seq_len)
+        plan.name = entry   # as auto's and the pipelines': "uniform@zero=1" and "uniform" stay apart
+        plan.backend = "ddp-gloo"
+        limit = int(min(micro_batch_limits(view, zero_stage=_zero_stage(args, pins))))
+        for r in plan.ranks:
+            r.device = view.devices[r.rank]
+            r.micro_batch = limit
+        plan.notes = ["homogeneous baseline: equal batches, torch DDP at its defaults over gloo"]
+    else:
+        plan = Plan.load(base)
+        plan.name = plan.name or os.path.basename(base)
+    if base in ("auto", "equal", "uniform") and _zero_stage(args, pins):
+        apply_zero(plan, view, _zero_stage(args, pins), base, layout=getattr(args, "zero_layout", "auto"),
+                   prefetch=int(pins.get("prefetch", getattr(args, "prefetch", 1))))
+    check_memory(plan, view)
+    return plan
+
+
+def _bucket_bytes(args, pins: Dict[str, str]):
+    bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
+    return int(bucket_mb * 2**20) if bucket_mb else None
+
+
+def _rows_from_planner(args, entry: str, pins: Dict[str, str], whose: str, flag: str) -> None:
+    """Pipelines and TP groups take their rows from the planner: refuse pinned batch shares."""
+    if args.dp_shares is not None or "shares" in pins:
+        raise ValueError(f"--plan {entry}: {whose} come from the planner; --dp-shares / @shares do not apply "
+                         f"with {flag}")
 
 
 def _pipeline_stages(args, pins: Dict[str, str]) -> int:
@@ -162,17 +171,14 @@ def pipeline_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
 
     if base == "equal" or _zero_stage(args, pins) or int(pins.get("sync_every", args.sync_every)) > 1:
         raise ValueError(f"--plan {entry}: a pipeline runs as auto or uniform, without zero or sync_every")
-    if args.dp_shares is not None or "shares" in pins:
-        raise ValueError(f"--plan {entry}: a pipeline's rows per replica come from the planner (or a plan file); "
-                         f"--dp-shares / @shares do not apply with --pp")
+    _rows_from_planner(args, entry, pins, "a pipeline's rows per replica", "--pp")
     split = pins.get("split", "uniform" if base == "uniform" else "auto")
     micro = pins.get("microbatches", getattr(args, "microbatches", None))
-    bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
     return plan_pipeline(view, args.global_batch, args.seq_len, stages=_pipeline_stages(args, pins), split=split,
                          boundary=boundary_bytes(get_config(args.model).dim, args.seq_len),
                          schedule=pins.get("schedule", getattr(args, "schedule", None)),
                          micro_batches=int(micro) if micro else None, name=entry,
-                         bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
+                         bucket_bytes=_bucket_bytes(args, pins),
                          compression=pins.get("compress", args.compress))
 
 
@@ -185,16 +191,13 @@ def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
             int(pins.get("sync_every", args.sync_every)) > 1:
         raise ValueError(f"--plan {entry}: tensor parallelism runs as auto or uniform, without zero, pp or "
                          f"sync_every")
-    if args.dp_shares is not None or "shares" in pins:
-        raise ValueError(f"--plan {entry}: a TP group's rows come from the planner; --dp-shares / @shares do not "
-                         f"apply with --tp")
+    _rows_from_planner(args, entry, pins, "a TP group's rows", "--tp")
     from hcomm.parallel.tensor.parallelize import tp_split
 
     config = get_config(args.model)
-    bucket_mb = float(pins["bucket_mb"]) if "bucket_mb" in pins else args.bucket_mb
     plan = plan_tensor(view, args.global_batch, args.seq_len, tp=int(pins.get("tp", args.tp)), dim=config.dim,
                        n_layers=config.n_layers, split="uniform" if base == "uniform" else "auto", name=entry,
-                       bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None,
+                       bucket_bytes=_bucket_bytes(args, pins),
                        compression=pins.get("compress", args.compress),
                        sequence_parallel=pins.get("sp", "1" if getattr(args, "sequence_parallel", False) else "0")
                        in ("1", "true", "yes"))

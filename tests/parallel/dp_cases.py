@@ -42,10 +42,8 @@ def make_optimizer(params, kind: str):
     return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1)
 
 
-def reference(global_batch: int, steps: int, optimizer: str = "sgd", kind: str = "llama"):
-    """Single process: mean loss over the whole global batch, one optimizer."""
-    model = build(kind)
-    opt = make_optimizer(model.parameters(), optimizer)
+def train_whole_batches(model, opt, global_batch: int, steps: int):
+    """One process trains ``model`` on the whole global batch of every step; the per-step mean losses."""
     data = batches(global_batch)
     losses = []
     for step in range(steps):
@@ -54,6 +52,13 @@ def reference(global_batch: int, steps: int, optimizer: str = "sgd", kind: str =
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+    return losses
+
+
+def reference(global_batch: int, steps: int, optimizer: str = "sgd", kind: str = "llama"):
+    """Single process: mean loss over the whole global batch, one optimizer."""
+    model = build(kind)
+    losses = train_whole_batches(model, make_optimizer(model.parameters(), optimizer), global_batch, steps)
     return losses, [p.detach().clone() for p in model.parameters()]
 
 

@@ -24,16 +24,8 @@ def build():
 def reference(global_batch: int, steps: int, optimizer: str = "sgd"):
     """Single process, fp32: per-step mean loss over the whole global batch."""
     model = build()
-    opt = dp_cases.make_optimizer(model.parameters(), optimizer)
-    data = dp_cases.batches(global_batch)
-    losses = []
-    for step in range(steps):
-        opt.zero_grad()
-        loss = model.loss(data.global_batch_rows(step), reduction="mean")
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses
+    return dp_cases.train_whole_batches(model, dp_cases.make_optimizer(model.parameters(), optimizer),
+                                        global_batch, steps)
 
 
 def local_losses(global_batch: int, counts, offsets, dtypes, step: int = 0):

@@ -103,15 +103,7 @@ def build():
 def reference(global_batch: int, steps: int = STEPS):
     """Single process: mean loss over the whole global batch, plain SGD."""
     model = build()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    data = dp_cases.batches(global_batch)
-    losses = []
-    for step in range(steps):
-        opt.zero_grad()
-        loss = model.loss(data.global_batch_rows(step), reduction="mean")
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
+    losses = dp_cases.train_whole_batches(model, torch.optim.SGD(model.parameters(), lr=LR), global_batch, steps)
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

@@ -47,7 +47,7 @@ from hcomm.parallel.tensor.split import check_fractions, offsets, split_sizes
 from tests.helpers.mp import Pool
 from tests.parallel import tensor_cases as tc
 from tests.parallel.test_plan_pipeline import view
-from tests.parallel.train_runs import train_local
+from tests.parallel.train_runs import assert_reference_losses, train_local
 
 LOSS_RTOL = 1e-5
 GRAD_REL = 2e-5
@@ -430,16 +430,8 @@ def trained(tmp_path_factory):
 def test_every_tp_plan_trains_the_reference_losses(trained):
     runs = trained
     assert sorted(runs) == sorted(PLANS)
-    ref = runs[REFERENCE]
-    assert ref["plan"]["backend"] == "ddp-gloo" and not any(g["name"].startswith("tp:") for g in ref["plan"]["groups"])
-    want = [s["loss"] for s in ref["steps"]]
-    assert len(want) == TRAIN_STEPS and want[-1] < want[0]
-    for name, run in runs.items():
-        rel = MIXED_REL if name == MIXED else TRAIN_REL
-        got = [s["loss"] for s in run["steps"]]
-        assert got == pytest.approx(want, rel=rel), name
-        assert all(s["tokens"] == 8 * 32 and len(s["ranks"]) == 4 for s in run["steps"]), name
-        assert run["eval_loss"] == pytest.approx(ref["eval_loss"], rel=rel), name
+    assert not any(g["name"].startswith("tp:") for g in runs[REFERENCE]["plan"]["groups"])
+    want = assert_reference_losses(runs, REFERENCE, TRAIN_STEPS, lambda name: MIXED_REL if name == MIXED else TRAIN_REL)
     mixed = runs[MIXED]
     assert [r.get("compute_dtype", "fp32") for r in mixed["plan"]["ranks"]] == ["bf16", "bf16", "fp16", "fp16"]
     assert all(not s["skipped"] and s["loss_scales"] == [65536.0] * 4 for s in mixed["steps"])

@@ -41,3 +41,19 @@ def plan_local(tmp, *args: str) -> str:
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
+
+
+def assert_reference_losses(runs: Dict[str, dict], reference: str, steps: int, rel_of) -> List[float]:
+    """Every run's per-step and eval loss equal the torch DDP reference's within ``rel_of(name)``
+    (relative); every step ran the whole global batch on 4 ranks.  The reference's losses."""
+    ref = runs[reference]
+    assert ref["plan"]["backend"] == "ddp-gloo"
+    want = [s["loss"] for s in ref["steps"]]
+    assert len(want) == steps and want[-1] < want[0]
+    for name, run in runs.items():
+        rel = rel_of(name)
+        assert [s["loss"] for s in run["steps"]] == pytest.approx(want, rel=rel), name
+        assert all(s["tokens"] == 8 * 32 and len(s["ranks"]) == 4 for s in run["steps"]), name
+        # the whole model at the end (stages gathered / shards evaluated together) gives the same eval loss
+        assert run["eval_loss"] == pytest.approx(ref["eval_loss"], rel=rel), name
+    return want

@@ -57,6 +57,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from hcomm.models.llama import layer_modules
+from hcomm.parallel.groups import replica_groups as make_pipeline_groups  # noqa: F401  (its old home)
 from hcomm.parallel.pipeline.stages import Range, StageModule, TokenSumLoss, build_stages, check_ranges
 
 SCHEDULES = {
@@ -429,34 +430,3 @@ def _lower_order(stages, n_microbatches: int, order: Dict[int, List[Tuple[int, s
                          f"another rank's order)") from None
     runtime.pipeline_order = actions
     return runtime
-
-
-def make_pipeline_groups(replicas: Sequence[Sequence[int]], backend: str = "hcomm"):
-    """Groups for ``len(replicas)`` pipeline replicas; ``replicas[i][p]`` is the global rank at position p.
-
-    Collective over the default group: every rank calls it with the same
-    ``replicas``.  Returns ``(pipeline_group, dp_group)`` for this rank: its
-    replica's group, and the group of the ranks at its position in every replica
-    (None with one replica, or for a rank in no replica).
-    """
-    replicas = [list(r) for r in replicas]
-    depth = {len(r) for r in replicas}
-    if len(depth) != 1:
-        raise ValueError(f"every pipeline replica needs the same number of ranks, got {[len(r) for r in replicas]}")
-    flat = [x for r in replicas for x in r]
-    if len(set(flat)) != len(flat):
-        raise ValueError(f"a rank appears in two pipeline positions: {replicas}")
-    me = dist.get_rank()
-    pipeline_group = dp_group = None
-    for r in replicas:
-        g = dist.new_group(ranks=r, backend=backend)
-        if me in r:
-            pipeline_group = g
-    if len(replicas) > 1:
-        for p in range(depth.pop()):
-            members = [r[p] for r in replicas]
-            g = dist.new_group(ranks=members, backend=backend)
-            if me in members:
-                dp_group = g
-    return pipeline_group, dp_group
-
