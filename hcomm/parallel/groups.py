@@ -13,14 +13,15 @@ from typing import Sequence
 import torch.distributed as dist
 
 
-def replica_groups(replicas: Sequence[Sequence[int]], backend: str = "hcomm"):
+def replica_groups(replicas: Sequence[Sequence[int]], backend: str = "hcomm", across: bool = True):
     """Groups for ``len(replicas)`` replicas (pipelines, TP groups); ``replicas[i][p]`` is the global rank at
     position p.
 
     Collective over the default group: every rank calls it with the same
     ``replicas``.  Returns ``(pipeline_group, dp_group)`` for this rank: its
     replica's group, and the group of the ranks at its position in every replica
-    (None with one replica, or for a rank in no replica).
+    (None with one replica, for a rank in no replica, or with ``across=False``: the position groups are
+    not built).
     """
     replicas = [list(r) for r in replicas]
     depth = {len(r) for r in replicas}
@@ -35,7 +36,7 @@ def replica_groups(replicas: Sequence[Sequence[int]], backend: str = "hcomm"):
         g = dist.new_group(ranks=r, backend=backend)
         if me in r:
             pipeline_group = g
-    if len(replicas) > 1:
+    if len(replicas) > 1 and across:
         for p in range(depth.pop()):
             members = [r[p] for r in replicas]
             g = dist.new_group(ranks=members, backend=backend)

@@ -112,6 +112,8 @@ class ParallelModel:
             done = self.pipe.step(rows, self.plan.global_batch)
             times.compute_s, times.sync_wait_s = done.compute_s, done.sync_wait_s
             times.local_loss, times.global_loss = done.loss, done.global_loss
+            if self.tp_position:   # a TP group's loss is counted once, on its first rank
+                times.local_loss = float("nan")
         elif self.ddp is not None:
             times.local_loss = self._ddp_forward_backward(rows)
             times.compute_s = time.perf_counter() - start
@@ -192,7 +194,8 @@ class ParallelModel:
     @property
     def collective_eval(self) -> bool:
         """FSDP2's and tensor parallelism's forward talk to other ranks: then every rank runs the evaluation."""
-        return self.plan.backend == "fsdp2-gloo" or bool(self.plan.tensor_groups())
+        tp_alone = bool(self.plan.tensor_groups()) and not self.plan.pipeline_groups()   # pipelines gather whole
+        return self.plan.backend == "fsdp2-gloo" or tp_alone
 
     def parameters(self) -> List[torch.nn.Parameter]:
         """What the optimizer steps: the model's parameters, or under ZeRO this rank's fp32 master shards."""
@@ -217,7 +220,10 @@ class ParallelModel:
             return time.perf_counter() - start
         if self.pipe is not None:
             # not training time: the stages only come together for the eval (and a checkpoint)
-            _gather_stages(self.model, self.plan, self.groups.default)
+            if self.plan.tensor_groups():
+                self.model = _gather_tensor_stages(self, self.groups.default)
+            else:
+                _gather_stages(self.model, self.plan, self.groups.default)
             return 0.0
         return self.outer.finish(self.steps) if self.outer is not None else 0.0
 
@@ -307,20 +313,78 @@ def _pipeline(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:
 
     plan = pm.plan
     pipes = plan.pipeline_groups()
-    pipe_group, dp_group = replica_groups([g.ranks for g in pipes])
+    cross_entropy = None
+    if plan.tensor_groups():
+        pipe_group, dp_group, cross_entropy = _tensor_stages(pm, pipes)
+    else:
+        pipe_group, dp_group = replica_groups([g.ranks for g in pipes])
     if dp_group is not None:   # replicas of a stage: only their traffic between islands is compressed
         import hcomm
 
         hcomm.set_compression(compression, group=dp_group)
     mine = plan.pipeline_of(pm.rank)
-    pm.samples, pm.offset = plan.batch_counts()[mine.ranks[0]], plan.batch_offsets()[mine.ranks[0]]
+    leader = plan.rows_leader(pm.rank)
+    pm.samples, pm.offset = plan.batch_counts()[leader], plan.batch_offsets()[leader]
     members = sorted(mine.ranks)
     dtype = plan.ranks[pm.rank].compute_dtype
     pm.pipe = Pipeline(pm.model, list(zip(mine.cuts, mine.cuts[1:])), pipe_group, schedule=mine.schedule,
                        n_microbatches=mine.micro_batches, virtual_stages=mine.virtual_stages, dp_group=dp_group,
                        bucket_bytes=bucket_bytes, positions=[members.index(r) for r in mine.ranks],
-                       compute_dtype=dtype)
+                       compute_dtype=dtype, cross_entropy=cross_entropy)
     pm.precision = _precision(pm, shared_scale=True)   # one loss, its gradients cross every stage
+
+
+def _tensor_stages(pm: ParallelModel, pipes):
+    """A pipeline of TP groups (Megatron's layout, uneven): this rank's shard of the model in its stage's TP
+    group, and the pipeline of its TP position -- ranks at position k of consecutive stages pass each
+    other the whole activations, so the T pipelines of a replica run side by side and meet in their
+    stages' TP all-reduces.  Replicas sync the gradients of one (stage, position) shard among themselves.
+    Returns (pipeline group, gradient group, the last stage's vocabulary-parallel cross entropy)."""
+    from hcomm.parallel.groups import replica_groups
+    from hcomm.parallel.tensor.parallelize import tensor_parallelize
+    from hcomm.parallel.tensor.vocab import vocab_parallel_cross_entropy
+
+    plan = pm.plan
+    tp_group, _ = replica_groups([g.ranks for g in plan.tensor_groups()], across=False)
+    mine = plan.tensor_group_of(pm.rank)
+    pm.tp_position = mine.ranks.index(pm.rank)
+    members = sorted(mine.ranks)
+    pm.model = tensor_parallelize(pm.model, tp_group, [plan.ranks[r].tp_fraction for r in mine.ranks],
+                                  index=pm.tp_position, shard_ranks=[members.index(r) for r in mine.ranks])
+    by_position = {}
+    for g in pipes:
+        by_position.setdefault(plan.tensor_group_of(g.ranks[0]).ranks.index(g.ranks[0]), []).append(g.ranks)
+    pipe_group = dp_group = None
+    for k in sorted(by_position):   # collective: every rank builds every position's groups, in one order
+        p, d = replica_groups(by_position[k])
+        pipe_group = p if p is not None else pipe_group
+        dp_group = d if d is not None else dp_group
+    start = pm.model.vocab_start
+    return pipe_group, dp_group, lambda logits, targets: vocab_parallel_cross_entropy(logits, targets, start,
+                                                                                      tp_group, "sum")
+
+
+def _gather_tensor_stages(pm: ParallelModel, group) -> torch.nn.Module:
+    """The whole reference model on every rank from the first replica's shards (one gather of Python
+    objects: the eval and checkpoint path, not training)."""
+    from hcomm.models.llama import Llama, layer_modules
+    from hcomm.parallel.tensor.unshard import join_shards, piece_shards
+
+    plan = pm.plan
+    first = plan.pipeline_groups()[0]
+    contributors = {r for s in first.ranks for r in plan.tensor_group_of(s).ranks}
+    mine = {}
+    if pm.rank in contributors:
+        for module in pm.pipe.modules:
+            for i, piece in enumerate(module.pieces):
+                mine[module.first + i] = piece_shards(piece, pm.tp_position)
+    gathered: List = [None] * plan.world_size
+    dist.all_gather_object(gathered, mine, group=group)
+    with torch.random.fork_rng():   # building the reference model draws initial weights: not from training's RNG
+        whole = Llama(pm.model.config)
+    for i, piece in enumerate(layer_modules(whole)):
+        piece.load_state_dict(join_shards([g[i] for g in gathered if i in g]), strict=False)
+    return whole
 
 
 def _gather_stages(model: torch.nn.Module, plan: Plan, group) -> None:

@@ -147,6 +147,17 @@ class Plan:
         """The tensor-parallel groups ("tp:<i>", ranks in shard order); empty without TP."""
         return [g for g in self.groups if g.name.startswith("tp:")]
 
+    def tensor_group_of(self, rank: int) -> Optional[GroupPlan]:
+        return next((g for g in self.tensor_groups() if rank in g.ranks), None)
+
+    def rows_leader(self, rank: int) -> int:
+        """The rank whose batch share is ``rank``'s rows: the first rank of its pipeline, of that rank's TP
+        group (with both: stage 0's TP position 0 of its replica), or itself."""
+        pipe = self.pipeline_of(rank)
+        first = pipe.ranks[0] if pipe is not None else rank
+        tp = self.tensor_group_of(first)
+        return tp.ranks[0] if tp is not None else first
+
     def validate(self, world_size: Optional[int] = None) -> "Plan":
         """Raises :class:`PlanError` naming the field and rank of the first problem; returns self."""
         check_plan(self, world_size)

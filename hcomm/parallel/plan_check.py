@@ -340,12 +340,13 @@ def _check_pipeline(plan: Any) -> None:
             if pos and rp.batch_share:
                 raise PlanError(f"ranks[{r}].batch_share: {rp.batch_share:g}, but only a pipeline's first rank "
                                 f"(rank {g.ranks[0]} of {g.name!r}) takes a share: it is the replica's rows")
-        rows = counts[g.ranks[0]]
+        rows = counts[plan.rows_leader(g.ranks[0])]
         if rows % g.micro_batches:
             raise PlanError(f"{where}.micro_batches: {g.name!r} gets {rows} rows per step, which do not split "
                             f"into {g.micro_batches} equal micro-batches")
-    if len(pipes) == 1 and counts[first.ranks[0]] == 0:
-        raise PlanError(f"groups[{first_i}]: the only pipeline gets no rows")
+    if all(counts[plan.rows_leader(g.ranks[0])] == 0 for _, g in pipes):
+        raise PlanError(f"groups[{first_i}]: no pipeline gets rows" + (" (the only pipeline gets none)"
+                                                                        if len(pipes) == 1 else ""))
 
 
 def _check_precision(plan: Any) -> None:
@@ -381,10 +382,12 @@ def _check_tensor(plan: Any) -> None:
                                 f"has no tensor-parallel ('tp:*') groups")
         return
     _each_rank_once(plan, groups, "TP group", "tensor-parallel ('tp:*') group")
-    if plan.backend != "hcomm" or plan.ranks[0].zero_stage or plan.pipeline_groups() or \
-            plan.dp_group().sync_every > 1:
-        raise PlanError("tensor-parallel groups run on backend 'hcomm' without ZeRO, pipelines or sync_every > 1")
-    first = [plan.ranks[r].tp_fraction for r in groups[0][1].ranks]
+    if plan.backend != "hcomm" or plan.ranks[0].zero_stage or plan.dp_group().sync_every > 1:
+        raise PlanError("tensor-parallel groups run on backend 'hcomm' without ZeRO or sync_every > 1")
+    # Ranks at one position of the TP groups that are replicas of each other all-reduce the same shard:
+    # every group without pipelines, the groups of one stage with them (stages may split differently).
+    stage_of = {g.name: plan.ranks[g.ranks[0]].stage for _, g in groups}
+    firsts = {}
     for i, g in groups:
         index = g.name.split(":", 1)[1]
         fractions = [plan.ranks[r].tp_fraction for r in g.ranks]
@@ -400,9 +403,40 @@ def _check_tensor(plan: Any) -> None:
         if abs(sum(fractions) - 1.0) > 1e-6:
             raise PlanError(f"groups[{i}] ({g.name}): the ranks' tp_fraction {fractions} sum to {sum(fractions):.9g}, "
                             f"not 1")
+        first_name, first = firsts.setdefault(stage_of[g.name], (g.name, fractions))
         if fractions != first:
-            raise PlanError(f"groups[{i}] ({g.name}): tp_fraction {fractions} differ from {groups[0][1].name!r}'s "
-                            f"{first}: ranks at one position of every TP group hold the same shard")
+            raise PlanError(f"groups[{i}] ({g.name}): tp_fraction {fractions} differ from those of {first_name!r} "
+                            f"{first}: ranks at one position of every TP group" +
+                            (" of a stage" if plan.pipeline_groups() else "") + " hold the same shard")
+    if plan.pipeline_groups():
+        _check_pipeline_tensor(plan, groups)
+
+
+def _check_pipeline_tensor(plan: Any, groups: List[Any]) -> None:
+    """Pipelines of TP groups: a TP group is one stage of one replica, and pipeline k of a replica links
+    the ranks at TP position k of its stages (they pass each other whole activations)."""
+    for i, g in groups:
+        stages = {plan.ranks[r].stage for r in g.ranks}
+        if len(stages) != 1:
+            raise PlanError(f"groups[{i}] ({g.name}): ranks {g.ranks} sit at pipeline positions {sorted(stages)}; "
+                            f"a TP group is one stage (all its ranks at one position)")
+        if g.sequence_parallel:
+            raise PlanError(f"groups[{i}] ({g.name}): sequence parallelism does not run with pipelines (stage "
+                            f"boundaries carry whole sequences)")
+    along = {}
+    for j, p in enumerate(plan.pipeline_groups()):
+        tps = [plan.tensor_group_of(r) for r in p.ranks]
+        positions = {t.ranks.index(r) for t, r in zip(tps, p.ranks)}
+        if len(positions) != 1 or len({len(t.ranks) for t in tps}) != 1:
+            raise PlanError(f"pipeline {p.name!r}: its ranks {p.ranks} hold TP positions "
+                            f"{[t.ranks.index(r) for t, r in zip(tps, p.ranks)]} in groups of sizes "
+                            f"{[len(t.ranks) for t in tps]}; a pipeline links one TP position of equal groups")
+        key = tuple(t.name for t in tps)
+        along.setdefault(key, []).append(p)
+    for key, pipes in along.items():
+        if len({(p.micro_batches, p.schedule) for p in pipes}) != 1:
+            raise PlanError(f"pipelines {[p.name for p in pipes]} run the same TP groups {list(key)} but differ in "
+                            f"micro_batches / schedule; they run one replica together")
 
 
 def _check_sequence_parallel_groups(plan: Any) -> None:

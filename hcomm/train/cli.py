@@ -108,9 +108,11 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--prefetch must be >= 0, got {args.prefetch}")
     if args.tp < 1:
         p.error(f"--tp must be >= 1, got {args.tp}")
-    if args.tp > 1 and (args.pp > 1 or args.zero or args.sync_every > 1):
-        p.error(f"--tp {args.tp} runs with plain data parallelism across TP groups: not with --pp, --zero or "
+    if args.tp > 1 and (args.zero or args.sync_every > 1):
+        p.error(f"--tp {args.tp} runs with data parallelism or pipelines across TP groups: not with --zero or "
                 f"--sync-every (yet)")
+    if args.tp > 1 and args.pp > 1 and args.sequence_parallel:
+        p.error("--sequence-parallel does not run with --pp (stage boundaries carry whole sequences)")
     if args.pp < 1:
         p.error(f"--pp must be >= 1, got {args.pp}")
     if args.microbatches is not None and args.microbatches < 1:

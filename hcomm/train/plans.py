@@ -34,6 +34,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Tuple
 
+from hcomm.parallel.planner.zero import apply_zero  # noqa: F401  (planning ZeRO lives with its cost model)
+
 KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "zero", "prefetch",
         "pp", "split", "schedule", "microbatches", "precision", "tp", "sp")
 PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp", "sp")
@@ -42,8 +44,8 @@ PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp", "sp")
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
     """``"auto@bucket_mb=4@compress=bf16"`` -> ``("auto", {"bucket_mb": "4", "compress": "bf16"})``."""
     base, *pins = entry.split("@")
-    if base not in ("auto", "equal", "uniform") and not os.path.isfile(base):
-        raise ValueError(f"--plan {entry}: {base!r} is not auto, equal, uniform or a readable plan file")
+    if base not in ("auto", "equal", "uniform", "search") and not os.path.isfile(base):
+        raise ValueError(f"--plan {entry}: {base!r} is not auto, search, equal, uniform or a readable plan file")
     out: Dict[str, str] = {}
     for pin in pins:
         key, sep, value = pin.partition("=")
@@ -51,7 +53,12 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
             raise ValueError(f"--plan {entry}: {pin!r} is not KEY=VALUE with KEY one of {', '.join(KEYS)}")
         out[key] = value
     if set(out) - {"zero", *PIPELINE_KEYS} and base not in ("auto", "equal"):
-        raise ValueError(f"--plan {entry}: pins other than zero and the pipeline's apply to auto and equal only")
+        if not (base == "search" and set(out) <= {"precision"}):
+            raise ValueError(f"--plan {entry}: pins other than zero and the pipeline's apply to auto and equal only"
+                             + ("; search chooses every dimension (it takes @precision only)" if base == "search"
+                                else ""))
+    if base == "search" and set(out) - {"precision"}:
+        raise ValueError(f"--plan {entry}: search chooses every dimension (it takes @precision only)")
     for key in ("pp", "microbatches", "tp"):
         if key in out and not (out[key].isdigit() and int(out[key]) >= 1):
             raise ValueError(f"--plan {entry}: {key} must be a positive integer, got {out[key]!r}")
@@ -110,16 +117,39 @@ def make_plans(args, view) -> List:
     plans = []
     for entry in args.plan.split(","):
         base, pins = parse_entry(entry)
-        if base in ("auto", "equal", "uniform") and int(pins.get("tp", getattr(args, "tp", 1))) > 1:
+        tp = int(pins.get("tp", getattr(args, "tp", 1)))
+        if base == "search":
+            plan = searched_plan(args, view, entry)
+        elif base in ("auto", "equal", "uniform") and tp > 1 and _pipeline_stages(args, pins) > 1:
+            plan = pipeline_tensor_plan(args, view, entry, base, pins)
+        elif base in ("auto", "equal", "uniform") and tp > 1:
             plan = tensor_plan(args, view, entry, base, pins)
         elif base in ("auto", "equal", "uniform") and _pipeline_stages(args, pins) > 1:
             plan = pipeline_plan(args, view, entry, base, pins)
         else:   # data parallelism, ZeRO, the torch baselines, or a plan file
             plan = _data_plan(args, view, entry, base, pins)
-        if base in ("auto", "equal"):
+        if base in ("auto", "equal", "search"):
             apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
         plans.append(plan)
     return plans
+
+
+def searched_plan(args, view, entry: str):
+    """The joint search's winner (``hcomm.parallel.planner.search``), its table of runners-up in the notes."""
+    from hcomm.models import get_config
+    from hcomm.parallel.planner.search import search
+
+    config = get_config(args.model)
+    result = search(view, args.global_batch, args.seq_len, dim=config.dim, kv_heads=config.kv_heads,
+                    allow_async=args.sync_every > 1, compressions=[c for c in (args.compress,) if c != "none"]
+                    or ("bf16",))
+    plan = result.best.plan
+    plan.name = entry
+    if plan.tensor_groups():
+        _note_shards(plan, view, config)
+    plan.notes = [*result.notes, "candidates (-> chosen):",
+                  *result.table(args.global_batch * args.seq_len), *plan.notes]
+    return plan
 
 
 def _data_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
@@ -187,13 +217,9 @@ def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
     from hcomm.models import get_config
     from hcomm.parallel.planner.tensor import plan_tensor
 
-    if base == "equal" or _zero_stage(args, pins) or _pipeline_stages(args, pins) > 1 or \
-            int(pins.get("sync_every", args.sync_every)) > 1:
-        raise ValueError(f"--plan {entry}: tensor parallelism runs as auto or uniform, without zero, pp or "
-                         f"sync_every")
+    if base == "equal" or _zero_stage(args, pins) or int(pins.get("sync_every", args.sync_every)) > 1:
+        raise ValueError(f"--plan {entry}: tensor parallelism runs as auto or uniform, without zero or sync_every")
     _rows_from_planner(args, entry, pins, "a TP group's rows", "--tp")
-    from hcomm.parallel.tensor.parallelize import tp_split
-
     config = get_config(args.model)
     plan = plan_tensor(view, args.global_batch, args.seq_len, tp=int(pins.get("tp", args.tp)), dim=config.dim,
                        n_layers=config.n_layers, split="uniform" if base == "uniform" else "auto", name=entry,
@@ -201,11 +227,42 @@ def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
                        compression=pins.get("compress", args.compress),
                        sequence_parallel=pins.get("sp", "1" if getattr(args, "sequence_parallel", False) else "0")
                        in ("1", "true", "yes"))
+    _note_shards(plan, view, config)
+    return plan
+
+
+def _note_shards(plan, view, config) -> None:
+    """The TP split on this model (refused here, before any rank starts, when it cannot be cut)."""
+    from hcomm.parallel.tensor.parallelize import tp_split
+
     group = plan.tensor_groups()[0].ranks
     vocab = view.profiles[0].layers[-1].param_bytes // (4 * config.dim)   # the head: vocab x dim fp32
-    split = tp_split(config, vocab, [plan.ranks[r].tp_fraction for r in group])   # refuses what cannot split
+    split = tp_split(config, vocab, [plan.ranks[r].tp_fraction for r in group])
     plan.notes.append(f"shards by position: query heads {split.q_heads} (KV {split.kv_heads}), MLP features "
                       f"{split.hidden}, vocabulary rows {split.vocab}")
+
+
+def pipeline_tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
+    """A pipeline of TP groups (``--pp N --tp T``; ``hcomm.parallel.planner.pipeline_tensor``)."""
+    from hcomm.models import get_config
+    from hcomm.parallel.planner.pipeline import boundary_bytes
+    from hcomm.parallel.planner.pipeline_tensor import plan_pipeline_tensor
+
+    if base == "equal" or _zero_stage(args, pins) or int(pins.get("sync_every", args.sync_every)) > 1 or \
+            pins.get("sp", "1" if getattr(args, "sequence_parallel", False) else "0") in ("1", "true", "yes"):
+        raise ValueError(f"--plan {entry}: a pipeline of TP groups runs as auto or uniform, without zero, "
+                         f"sync_every or sequence parallelism")
+    _rows_from_planner(args, entry, pins, "a pipeline's rows per replica", "--pp with --tp")
+    config = get_config(args.model)
+    micro = pins.get("microbatches", getattr(args, "microbatches", None))
+    plan = plan_pipeline_tensor(view, args.global_batch, args.seq_len, stages=_pipeline_stages(args, pins),
+                                tp=int(pins.get("tp", args.tp)), dim=config.dim,
+                                boundary=boundary_bytes(config.dim, args.seq_len),
+                                split="uniform" if base == "uniform" else "auto",
+                                schedule=pins.get("schedule", getattr(args, "schedule", None)),
+                                micro_batches=int(micro) if micro else None, name=entry,
+                                bucket_bytes=_bucket_bytes(args, pins), compression=pins.get("compress", args.compress))
+    _note_shards(plan, view, config)
     return plan
 
 
@@ -221,86 +278,6 @@ def apply_precision(plan, view, precision: str) -> None:
                                                            for r in plan.ranks)
                       + "; fp32 parameters, optimizer state and gradient reduction; fp16 ranks scale the loss")
     plan.validate(view.world_size)
-
-
-def apply_zero(plan, view, stage: int, base: str, *, layout: str = "auto", prefetch: int = 1) -> None:
-    """Turn a data-parallel plan into a ZeRO one: stage, shard fractions, layout, prefetch.
-
-    ``layout`` "auto" takes the flat or island layout, whichever the cost
-    model predicts faster (island only for equal-sized islands)."""
-    import copy
-
-    dp = plan.dp_group()
-    for r in plan.ranks:
-        r.zero_stage = stage
-    if base == "uniform":
-        plan.backend = "fsdp2-gloo" if stage >= 2 else "ddp-gloo"
-        torch_name = "FSDP2 (fully_shard per piece, even shards)" if stage >= 2 else \
-            "DDP + ZeroRedundancyOptimizer"
-        plan.notes = [f"homogeneous baseline: equal batches, ZeRO-{stage} as torch does it: {torch_name} over gloo"]
-        return
-    dp.prefetch = prefetch
-    candidates = [layout] if layout != "auto" else (
-        ["flat", "island"] if len(view.islands) > 1 and len({len(m) for m in view.islands}) == 1 else ["flat"])
-    trials = []
-    for choice in candidates:
-        trial = copy.deepcopy(plan)
-        _shard(trial, view, stage, base, choice, prefetch)
-        trials.append(trial)
-    best = min(trials, key=lambda t: t.predicted_step_s)
-    plan.ranks, plan.groups, plan.notes, plan.predicted_step_s = best.ranks, best.groups, best.notes, \
-        best.predicted_step_s
-    for other in trials:
-        if other is not best:
-            plan.notes.append(f"beat ZeRO layout {other.dp_group().zero_layout}: predicted "
-                              f"{other.predicted_step_s * 1e3:.0f} ms")
-
-
-def _shard(plan, view, stage: int, base: str, layout: str, prefetch: int) -> None:
-    from hcomm.parallel.zero.memory import memory_fractions
-
-    plan.dp_group().zero_layout = layout
-    if layout == "island" and view.island_names:   # memory.check_zero_fits counts shard groups by label
-        for r in plan.ranks:
-            r.island = r.island or view.island_names[view.island_of(r.rank)]
-    if base == "auto":
-        counts = plan.batch_counts()
-        in_flight = [min(r.micro_batch or n, n) for r, n in zip(plan.ranks, counts)]
-        groups = [list(m) for m in view.islands] if layout == "island" else [list(range(plan.world_size))]
-        for members in groups:
-            fractions = memory_fractions(view.profiles, stage=stage, micro_samples=in_flight, prefetch=prefetch,
-                                         members=members)
-            for r, f in zip(members, fractions):
-                plan.ranks[r].shard_fraction = round(f, 6)
-            # exact sum after rounding: the remainder goes to the largest shard
-            largest = max(members, key=lambda r: plan.ranks[r].shard_fraction)
-            plan.ranks[largest].shard_fraction = round(
-                1.0 - sum(plan.ranks[r].shard_fraction for r in members if r != largest), 9)
-        if layout == "island":   # the island layout all-reduces shards position by position
-            _align_positions(plan, view)
-        plan.notes.append(f"ZeRO-{stage} ({layout}): shards sized by the memory left after activations: "
-                          + ", ".join(f"rank {r.rank} {r.shard_fraction:.3f}" for r in plan.ranks))
-    _predict_zero(plan, view)
-
-
-def _align_positions(plan, view) -> None:
-    """Island layout: the rank at position j of every island must hold the same fraction; take the
-    smallest over the islands at each position (memory-safe), renormalised."""
-    size = len(view.islands[0])
-    low = [min(plan.ranks[m[j]].shard_fraction for m in view.islands) for j in range(size)]
-    total = sum(low)
-    fractions = [x / total for x in low] if total > 0 else [1.0 / size] * size
-    fractions = [round(f, 9) for f in fractions[:-1]] + [round(1.0 - sum(round(f, 9) for f in fractions[:-1]), 9)]
-    for members in view.islands:
-        for j, r in enumerate(members):
-            plan.ranks[r].shard_fraction = fractions[j]
-
-
-def _predict_zero(plan, view) -> None:
-    from hcomm.parallel.planner.zero import zero_step_s
-
-    plan.predicted_step_s, note = zero_step_s(view, plan)
-    plan.notes.append(note)
 
 
 def check_memory(plan, view) -> None:

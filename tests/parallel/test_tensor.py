@@ -256,13 +256,14 @@ def _set(obj, **fields):
 
 
 def _with_pipelines(p):
-    """Valid pipeline groups on top (so that _check_pipeline passes and the TP rule speaks)."""
+    """Valid pipeline groups on top (so that _check_pipeline passes and the TP rule speaks): pipelines
+    [0, 1] and [3, 2] run each TP group across two stages, which a pipeline of TP groups cannot."""
     p.groups += [GroupPlan("pp:0", [0, 1], cuts=[0, 4, 9]), GroupPlan("pp:1", [3, 2], cuts=[0, 4, 9])]
     _set(p.ranks[1], stage=1)
     _set(p.ranks[2], stage=1)
 
 
-TP_ONLY = "tensor-parallel groups run on backend 'hcomm' without ZeRO, pipelines or sync_every > 1"
+TP_ONLY = "tensor-parallel groups run on backend 'hcomm' without ZeRO or sync_every > 1"
 
 RULES = {
     "rank in two TP groups": (
@@ -279,12 +280,12 @@ RULES = {
         "groups[1] (tp:0): the ranks' tp_fraction [0.6, 0.5] sum to 1.1, not 1"),
     "fractions differ across groups at a position": (
         lambda p: (_set(p.ranks[2], tp_fraction=0.5), _set(p.ranks[3], tp_fraction=0.5)),
-        "groups[2] (tp:1): tp_fraction [0.5, 0.5] differ from 'tp:0''s [0.6, 0.4]: ranks at one position of "
+        "groups[2] (tp:1): tp_fraction [0.5, 0.5] differ from those of 'tp:0' [0.6, 0.4]: ranks at one position of "
         "every TP group hold the same shard"),
     "fractions in the other order": (
         lambda p: (_set(p.groups[2], ranks=[2, 3]), _set(p.ranks[2], batch_share=0.5),
                    _set(p.ranks[3], batch_share=0.0)),
-        "groups[2] (tp:1): tp_fraction [0.4, 0.6] differ from 'tp:0''s [0.6, 0.4]"),
+        "groups[2] (tp:1): tp_fraction [0.4, 0.6] differ from those of 'tp:0' [0.6, 0.4]"),
     "share on a non-first rank": (
         lambda p: (_set(p.ranks[0], batch_share=0.25), _set(p.ranks[1], batch_share=0.25)),
         "ranks[1].batch_share: 0.25, but only a TP group's first rank (rank 0 of 'tp:0') takes a share: it is "
@@ -294,7 +295,8 @@ RULES = {
         "ranks[1].tp_fraction: must be in (0, 1], got 0.0"),
     "TP with ZeRO": (
         lambda p: [_set(r, zero_stage=1) for r in p.ranks], TP_ONLY),
-    "TP with pipelines": (_with_pipelines, TP_ONLY),
+    "TP group across pipeline stages": (
+        _with_pipelines, "groups[1] (tp:0): ranks [0, 1] sit at pipeline positions [0, 1]; a TP group is one stage"),
     "TP with sync_every": (lambda p: _set(p.groups[0], sync_every=4), TP_ONLY),
     "TP on ddp-gloo": (lambda p: _set(p, backend="ddp-gloo"), TP_ONLY),
     "TP with a dtype the device lacks": (

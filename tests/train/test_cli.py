@@ -133,13 +133,13 @@ def test_pipeline_replicas_compress_their_gradient_sync():
 
 # --- tensor parallelism -----------------------------------------------------------------------------
 
-TP_ALONE = "runs with plain data parallelism across TP groups: not with --pp, --zero or --sync-every (yet)"
+TP_ALONE = "runs with data parallelism or pipelines across TP groups: not with --zero or --sync-every (yet)"
 
 
 @pytest.mark.parametrize("argv, words", [
     (["--tp", "0"], "--tp must be >= 1, got 0"),
     (["--tp", "-2"], "--tp must be >= 1, got -2"),
-    (["--tp", "2", "--pp", "2"], "--tp 2 " + TP_ALONE),
+    (["--tp", "2", "--pp", "2", "--sequence-parallel"], "--sequence-parallel does not run with --pp"),
     (["--tp", "2", "--zero", "1"], "--tp 2 " + TP_ALONE),
     (["--tp", "4", "--sync-every", "4"], "--tp 4 " + TP_ALONE),
     (["--plan", "auto@tp=0"], "--plan auto@tp=0: tp must be a positive integer, got '0'"),
@@ -149,14 +149,17 @@ def test_bad_tensor_parallel_arguments_are_named(capsys, argv, words):
     assert words in _error(capsys, argv)
 
 
-TP_PLAIN = "tensor parallelism runs as auto or uniform, without zero, pp or sync_every"
+TP_PLAIN = "tensor parallelism runs as auto or uniform, without zero or sync_every"
+PP_TP_PLAIN = ("a pipeline of TP groups runs as auto or uniform, without zero, sync_every or sequence "
+               "parallelism")
 
 
 @pytest.mark.parametrize("argv, words", [
     (["--tp", "3", "--plan", "auto"], "--tp 3: the 4 ranks do not form equal tensor-parallel groups of 3"),
     (["--plan", "auto@tp=8"], "--tp 8: the 4 ranks do not form equal tensor-parallel groups of 8"),
     (["--plan", "auto@tp=2@zero=1"], "--plan auto@tp=2@zero=1: " + TP_PLAIN),
-    (["--plan", "auto@tp=2@pp=2"], "--plan auto@tp=2@pp=2: " + TP_PLAIN),
+    (["--plan", "auto@tp=2@pp=2@zero=1"], "--plan auto@tp=2@pp=2@zero=1: " + PP_TP_PLAIN),
+    (["--plan", "auto@tp=2@pp=2@sp=1"], "--plan auto@tp=2@pp=2@sp=1: " + PP_TP_PLAIN),
     (["--plan", "auto@tp=2@sync_every=4"], "--plan auto@tp=2@sync_every=4: " + TP_PLAIN),
     (["--plan", "equal@tp=2"], "--plan equal@tp=2: " + TP_PLAIN),
     (["--tp", "2", "--dp-shares", "0.7,0.1,0.1,0.1", "--plan", "auto"],

@@ -244,7 +244,8 @@ class Pipeline:
     def __init__(self, model: nn.Module, ranges: Sequence[Range], group, *, schedule: str = "1f1b",
                  n_microbatches: int = 1, virtual_stages: int = 1, order: Optional[Order] = None,
                  dp_group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES, device: Union[str, torch.device] = "cpu",
-                 positions: Optional[Sequence[int]] = None, compute_dtype: str = "fp32"):
+                 positions: Optional[Sequence[int]] = None, compute_dtype: str = "fp32",
+                 cross_entropy=None):
         n_ranks, rank = dist.get_world_size(group), dist.get_rank(group)
         if rank < 0:
             raise ValueError("this rank is not a member of the pipeline group")
@@ -286,7 +287,7 @@ class Pipeline:
 
             for module, index in zip(self.modules, local):
                 module.compute_dtype, module.boundary = TORCH_DTYPES[compute_dtype], index != n_stages - 1
-        self.loss_fn = TokenSumLoss(1)
+        self.loss_fn = TokenSumLoss(1, cross_entropy)   # cross_entropy: (logits, targets) -> sum (TP: vocab-parallel)
         self.sync = None
         if dp_group is not None:
             from hcomm.parallel.data import GradSync

@@ -15,7 +15,7 @@ that name the stage and the numbers.
 """
 from __future__ import annotations
 
-from typing import Optional, List, Sequence, Tuple
+from typing import Callable, Optional, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -128,12 +128,14 @@ class TokenSumLoss:
     as ``causal_lm_loss`` does.
     """
 
-    def __init__(self, token_count: int):
+    def __init__(self, token_count: int, cross_entropy: Optional[Callable] = None):
         if token_count <= 0:
             raise ValueError(f"token_count must be positive, got {token_count}")
         self.token_count = int(token_count)
         self.scale = 1.0   # dynamic loss scale (fp16 stages): the loss and every gradient carry it
+        # (logits [T, V], targets [T]) -> summed loss; a vocabulary-parallel last stage passes its own
+        self.cross_entropy = cross_entropy or (lambda x, t: F.cross_entropy(x.float(), t, reduction="sum"))
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum")
+        total = self.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return total * (self.scale / self.token_count)

@@ -47,6 +47,12 @@ class StepEstimate:
         return "compute"
 
 
+def model_shape(profile) -> Tuple[int, int]:
+    """(dim, blocks) of the reference model a profile measured: its pieces are [embed, *blocks, norm,
+    head] and the norm holds one fp32 weight per feature."""
+    return profile.layers[-2].param_bytes // 4, len(profile.layers) - 3
+
+
 def per_sample(profile) -> Tuple[List[float], List[float]]:
     """(forward, backward) seconds per sample of each piece."""
     mb = float(profile.micro_batch)

@@ -46,6 +46,12 @@ def speed_fractions(view, groups: List[List[int]]) -> List[float]:
     return [round(1.0 - sum(rounded), 4), *rounded]
 
 
+def even_fractions(tp: int) -> List[float]:
+    """Megatron's split: 1/tp each, rounded, summing to 1 exactly."""
+    rest = [round(1.0 / tp, 6)] * (tp - 1)
+    return [round(1.0 - sum(rest), 6), *rest]
+
+
 def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_layers: int, split: str = "auto",
                 fractions: Optional[Sequence[float]] = None, name: str = "",
                 bucket_bytes: Optional[int] = None, compression: str = "none",
@@ -60,8 +66,7 @@ def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_l
     elif split == "auto":
         fr = speed_fractions(view, groups)
     else:
-        fr = [round(1.0 / tp, 6)] * (tp - 1)
-        fr = [round(1.0 - sum(fr), 6), *fr]
+        fr = even_fractions(tp)
     per_row = [_group_seconds(view, g, fr, 1, seq_len, dim, n_layers)[0] for g in groups]
     weights = [1.0 / s for s in per_row] if split == "auto" else [1.0] * len(groups)
     rows = apportion(weights, global_batch)
@@ -83,17 +88,28 @@ def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_l
     got = plan.batch_counts()
     if [got[g[0]] for g in groups] != rows:
         raise AssertionError(f"TP rows {rows} came back as {got}")
-    parts = [_group_seconds(view, g, fr, n, seq_len, dim, n_layers) for g, n in zip(groups, rows)]
+    plan.predicted_step_s, account = tensor_step_s(view, plan, dim, n_layers)
+    plan.notes = [f"tensor parallel ({split}): {len(groups)} group(s) of {tp}, fractions {fr}, rows {rows}; "
+                  f"predicted step {account}"]
+    return plan.validate(world)
+
+
+def tensor_step_s(view, plan, dim: int, n_layers: int) -> Tuple[float, str]:
+    """Predicted seconds per step of a plan of TP groups (no pipelines), and its account: the slowest
+    group's compute and TP all-reduces, the gradient all-reduce across groups (the largest shard; each
+    position's ranks reduce theirs side by side) and the optimizer on the largest shard."""
+    groups = [g.ranks for g in plan.tensor_groups()]
+    fr = [plan.ranks[r].tp_fraction for r in groups[0]]
+    counts = plan.batch_counts()
+    parts = [_group_seconds(view, g, fr, counts[g[0]], plan.seq_len, dim, n_layers) for g in groups]
     compute = max(p[1] for p in parts)
     comm = max(p[2] for p in parts)
     grads = sum(c.grad_bytes for c in view.profiles[0].layers)
     sync = view.allreduce_s(int(grads * max(fr))) if len(groups) > 1 else 0.0
-    opt = max(view.optimizer_s[r] * fr[pos] for g in groups for pos, r in enumerate(g))
-    plan.predicted_step_s = compute + comm + sync + opt
-    plan.notes = [f"tensor parallel ({split}): {len(groups)} group(s) of {tp}, fractions {fr}, rows {rows}; "
-                  f"predicted step {plan.predicted_step_s * 1e3:.0f} ms = compute {compute * 1e3:.0f} + TP all-reduces "
-                  f"{comm * 1e3:.0f} + gradient sync {sync * 1e3:.0f} + optimizer {opt * 1e3:.0f} ms"]
-    return plan.validate(world)
+    opt = max(view.optimizer_s[r] * plan.ranks[r].tp_fraction for g in groups for r in g)
+    step = compute + comm + sync + opt
+    return step, (f"{step * 1e3:.0f} ms = compute {compute * 1e3:.0f} + TP all-reduces {comm * 1e3:.0f} + "
+                  f"gradient sync {sync * 1e3:.0f} + optimizer {opt * 1e3:.0f} ms")
 
 
 def memory_capped(view, groups: List[List[int]], fractions: Sequence[float], rows: Sequence[int]) -> List[float]:

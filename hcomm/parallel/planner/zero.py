@@ -122,3 +122,81 @@ def zero_step_s(view, plan) -> Tuple[float, str]:
             f"{compute * 1e3:.0f} ms each, {sum(half) * 1e3:.0f} ms per pass of gathers or reduce-scatters, "
             f"prefetch {dp.prefetch}, optimizer on the largest shard {optimizer * 1e3:.0f} ms")
     return step, note
+
+
+def apply_zero(plan, view, stage: int, base: str, *, layout: str = "auto", prefetch: int = 1) -> None:
+    """Turn a data-parallel plan into a ZeRO one: stage, shard fractions, layout, prefetch.
+
+    ``layout`` "auto" takes the flat or island layout, whichever the cost
+    model predicts faster (island only for equal-sized islands)."""
+    import copy
+
+    dp = plan.dp_group()
+    for r in plan.ranks:
+        r.zero_stage = stage
+    if base == "uniform":
+        plan.backend = "fsdp2-gloo" if stage >= 2 else "ddp-gloo"
+        torch_name = "FSDP2 (fully_shard per piece, even shards)" if stage >= 2 else \
+            "DDP + ZeroRedundancyOptimizer"
+        plan.notes = [f"homogeneous baseline: equal batches, ZeRO-{stage} as torch does it: {torch_name} over gloo"]
+        return
+    dp.prefetch = prefetch
+    candidates = [layout] if layout != "auto" else (
+        ["flat", "island"] if len(view.islands) > 1 and len({len(m) for m in view.islands}) == 1 else ["flat"])
+    trials = []
+    for choice in candidates:
+        trial = copy.deepcopy(plan)
+        _shard(trial, view, stage, base, choice, prefetch)
+        trials.append(trial)
+    best = min(trials, key=lambda t: t.predicted_step_s)
+    plan.ranks, plan.groups, plan.notes, plan.predicted_step_s = best.ranks, best.groups, best.notes, \
+        best.predicted_step_s
+    for other in trials:
+        if other is not best:
+            plan.notes.append(f"beat ZeRO layout {other.dp_group().zero_layout}: predicted "
+                              f"{other.predicted_step_s * 1e3:.0f} ms")
+
+
+def _shard(plan, view, stage: int, base: str, layout: str, prefetch: int) -> None:
+    from hcomm.parallel.zero.memory import memory_fractions
+
+    plan.dp_group().zero_layout = layout
+    if layout == "island" and view.island_names:   # memory.check_zero_fits counts shard groups by label
+        for r in plan.ranks:
+            r.island = r.island or view.island_names[view.island_of(r.rank)]
+    if base == "auto":
+        counts = plan.batch_counts()
+        in_flight = [min(r.micro_batch or n, n) for r, n in zip(plan.ranks, counts)]
+        groups = [list(m) for m in view.islands] if layout == "island" else [list(range(plan.world_size))]
+        for members in groups:
+            fractions = memory_fractions(view.profiles, stage=stage, micro_samples=in_flight, prefetch=prefetch,
+                                         members=members)
+            for r, f in zip(members, fractions):
+                plan.ranks[r].shard_fraction = round(f, 6)
+            # exact sum after rounding: the remainder goes to the largest shard
+            largest = max(members, key=lambda r: plan.ranks[r].shard_fraction)
+            plan.ranks[largest].shard_fraction = round(
+                1.0 - sum(plan.ranks[r].shard_fraction for r in members if r != largest), 9)
+        if layout == "island":   # the island layout all-reduces shards position by position
+            _align_positions(plan, view)
+        plan.notes.append(f"ZeRO-{stage} ({layout}): shards sized by the memory left after activations: "
+                          + ", ".join(f"rank {r.rank} {r.shard_fraction:.3f}" for r in plan.ranks))
+    _predict_zero(plan, view)
+
+
+def _align_positions(plan, view) -> None:
+    """Island layout: the rank at position j of every island must hold the same fraction; take the
+    smallest over the islands at each position (memory-safe), renormalised."""
+    size = len(view.islands[0])
+    low = [min(plan.ranks[m[j]].shard_fraction for m in view.islands) for j in range(size)]
+    total = sum(low)
+    fractions = [x / total for x in low] if total > 0 else [1.0 / size] * size
+    fractions = [round(f, 9) for f in fractions[:-1]] + [round(1.0 - sum(round(f, 9) for f in fractions[:-1]), 9)]
+    for members in view.islands:
+        for j, r in enumerate(members):
+            plan.ranks[r].shard_fraction = fractions[j]
+
+
+def _predict_zero(plan, view) -> None:
+    plan.predicted_step_s, note = zero_step_s(view, plan)
+    plan.notes.append(note)

@@ -1,0 +1,130 @@
+"""Pipelines of tensor-parallel groups: a TP group per stage (Megatron's 3-D layout, uneven in all of it).
+
+The TP groups are formed as for tensor parallelism alone (``tensor.tensor_groups``: consecutive ranks in
+island order, fastest first; TP talks every layer, so it stays on the fast links), each with the same
+fractions (``speed_fractions``: every stage's position k all-reduces the same shard shape across
+replicas).  Each group then acts as ONE device of a pipeline: its cost per piece is the slowest member's
+share of the piece plus the piece's TP all-reduces, its memory what its tightest member allows.  The
+pipeline planner (``planner.pipeline``) runs unchanged on that view of groups -- partition, device order,
+schedule, micro-batches, rows per replica -- and the plan it returns is expanded back to ranks: stage
+s of replica j is TP group ``order[s]``, and pipeline ``j*tp + k`` links position k of those groups.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from hcomm.parallel.cluster import ClusterView
+from hcomm.parallel.plan import GroupPlan, Plan, RankPlan
+from hcomm.parallel.planner.pipeline import plan_pipeline
+from hcomm.parallel.planner.tensor import even_fractions, speed_fractions, tensor_groups
+from hcomm.parallel.profile import DeviceProfile, LayerCost
+
+# TP all-reduces per piece (forward, backward) of the reference model's split (``tensor/blocks.py``,
+# ``tensor/vocab.py``): embedding sums its vocabulary slices; a block sums attention and MLP outputs
+# forward and their input gradients backward; the head's input gradient is summed backward.
+ALLREDUCES = {"embed": (1, 0), "block": (2, 2), "norm": (0, 0), "head": (0, 1)}
+
+
+def _kind(index: int, n_pieces: int) -> str:
+    return "embed" if index == 0 else "head" if index == n_pieces - 1 else "norm" if index == n_pieces - 2 \
+        else "block"
+
+
+def group_profile(view, group: Sequence[int], fractions: Sequence[float], index: int, seq_len: int,
+                  dim: int) -> DeviceProfile:
+    """One TP group as a device: per piece, the slowest member's share plus the piece's all-reduces (of
+    micro_batch x seq x dim fp32); memory: the state is split by the fractions, the activations are
+    counted whole on the member with the smallest fraction (conservative, as ``tensor.memory_capped``)."""
+    profiles = [view.profiles[r] for r in group]
+    mb = profiles[0].micro_batch
+    islands = {view.island_of(r) for r in group}
+    allreduce = view.island_allreduce_s[islands.pop()] if len(islands) == 1 else view.allreduce_s
+    full, small = allreduce(mb * seq_len * dim * 4), allreduce(1024)
+    n = len(profiles[0].layers)
+    layers = []
+    for i, base in enumerate(profiles[0].layers):
+        fwd_n, bwd_n = ALLREDUCES[_kind(i, n)]
+        cost = [(p.layers[i], p.micro_batch) for p in profiles]
+        layers.append(LayerCost(
+            f"{base.name}/tp{len(group)}",
+            fwd_s=max(c.fwd_at(mb, m) * f for (c, m), f in zip(cost, fractions)) + fwd_n * full,
+            bwd_s=max(c.bwd_at(mb, m) * f for (c, m), f in zip(cost, fractions)) + bwd_n * full,
+            param_bytes=base.param_bytes, grad_bytes=base.grad_bytes, optim_bytes=base.optim_bytes,
+            act_bytes_per_sample=int(base.act_bytes_per_sample / min(fractions)),
+            # launches do not shrink with the shard; an all-reduce's latency does not shrink with the rows
+            fwd_fixed_s=max(c.fwd_fixed_s for c, _ in cost) + fwd_n * small,
+            bwd_fixed_s=max(c.bwd_fixed_s for c, _ in cost) + bwd_n * small))
+    budget = min(p.memory_budget_bytes / f for p, f in zip(profiles, fractions))
+    return DeviceProfile(rank=index, device="+".join(p.device for p in profiles), micro_batch=mb, seq_len=seq_len,
+                         layers=layers, memory_budget_bytes=int(budget), baseline_bytes=0,
+                         budget_source="TP group", seconds_spent=0.0, source="TP group of " + str(list(group)))
+
+
+def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float]], seq_len: int,
+               dim: int) -> ClusterView:
+    """The cluster as the pipeline planner sees it when every TP group is one device (``fractions[i]``:
+    group i's split)."""
+    largest = max(max(f) for f in fractions)
+
+    def scaled(cost):   # replicas of a stage sync each (stage, position) shard in parallel: the largest
+        return None if cost is None else (lambda nbytes: cost(int(nbytes * largest)))
+
+    island_of = [view.island_of(g[0]) for g in groups]
+    islands = [[i for i, isl in enumerate(island_of) if isl == k] for k in range(len(view.islands))]
+    keep = [k for k, members in enumerate(islands) if members]
+    return ClusterView(
+        devices=["+".join(view.devices[r] for r in g) for g in groups],
+        islands=[islands[k] for k in keep],
+        profiles=[group_profile(view, g, f, i, seq_len, dim) for i, (g, f) in enumerate(zip(groups, fractions))],
+        allreduce_s=scaled(view.allreduce_s),
+        island_allreduce_s=[scaled(view.island_allreduce_s[k]) for k in keep],
+        optimizer_s=[max(view.optimizer_s[r] * x for r, x in zip(g, f)) for g, f in zip(groups, fractions)],
+        island_names=[view.island_names[k] for k in keep] if view.island_names else [],
+        compressed_allreduce_s={c: scaled(f) for c, f in view.compressed_allreduce_s.items()},
+        links=dict(view.links))
+
+
+def plan_pipeline_tensor(view, global_batch: int, seq_len: int, *, stages: int, tp: int, dim: int, boundary: int,
+                         split: str = "auto", schedule: Optional[str] = None, micro_batches: Optional[int] = None,
+                         name: str = "", bucket_bytes: Optional[int] = None, compression: str = "none") -> Plan:
+    """``stages`` stages per replica, each a TP group of ``tp`` ranks (see the module docstring);
+    ``split`` "uniform": equal fractions and Megatron's pipeline split (the baseline)."""
+    if split not in ("auto", "uniform"):
+        raise ValueError(f"a pipeline of TP groups splits auto or uniform, got {split!r}")
+    if view.world_size % (stages * tp):
+        raise ValueError(f"--pp {stages} --tp {tp}: the {view.world_size} ranks do not form pipelines of "
+                         f"{stages} TP groups of {tp}")
+    groups = tensor_groups(view, tp, split)
+    fractions = speed_fractions(view, groups) if split == "auto" else even_fractions(tp)
+    grouped = group_view(view, groups, [fractions] * len(groups), seq_len, dim)
+    inner = plan_pipeline(grouped, global_batch, seq_len, stages=stages, boundary=boundary, split=split,
+                          schedule=schedule, micro_batches=micro_batches, name=name or split,
+                          bucket_bytes=bucket_bytes, compression=compression)
+    plan = expand(inner, groups, fractions, view)
+    plan.notes = [f"pipeline of TP groups ({split}): {len(groups)} TP group(s) of {tp} ({groups}), fractions "
+                  f"{fractions}; each group is one pipeline device below", *inner.notes]
+    return plan
+
+
+def expand(inner: Plan, groups: List[List[int]], fractions: Sequence[float], view) -> Plan:
+    """A plan over TP groups (rank i = group i) as a plan over ranks."""
+    tp = len(groups[0])
+    world = sum(len(g) for g in groups)
+    ranks = [RankPlan(r, 0.0, device=view.devices[r]) for r in range(world)]
+    for i, g in enumerate(groups):
+        inner_rank = inner.ranks[i]
+        for pos, r in enumerate(g):
+            ranks[r].stage, ranks[r].layers = inner_rank.stage, inner_rank.layers
+            ranks[r].tp_group, ranks[r].tp_fraction = i, fractions[pos]
+        ranks[g[0]].batch_share = inner_rank.batch_share
+    dp = inner.dp_group()
+    out = [GroupPlan("dp", list(range(world)), bucket_bytes=dp.bucket_bytes, compression=dp.compression)]
+    out += [GroupPlan(f"tp:{i}", list(g)) for i, g in enumerate(groups)]
+    for j, pipe in enumerate(inner.pipeline_groups()):
+        for k in range(tp):
+            out.append(GroupPlan(f"pp:{j * tp + k}", [groups[i][k] for i in pipe.ranks],
+                                 bucket_bytes=pipe.bucket_bytes, micro_batches=pipe.micro_batches,
+                                 schedule=pipe.schedule, virtual_stages=pipe.virtual_stages, cuts=list(pipe.cuts)))
+    plan = Plan(inner.global_batch, inner.seq_len, ranks, out, name=inner.name,
+                predicted_step_s=inner.predicted_step_s)
+    return plan.validate(world)

@@ -1,0 +1,184 @@
+"""The joint search: every way to factor the cluster into pipelines, TP groups and data parallelism,
+each built by its dimension's planner and judged by the one simulator.
+
+For every (pipeline stages ``pp``, TP group size ``tp``) that divides the world and the model
+(``pp`` at most the model's pieces, ``tp`` at most its key/value heads), the dimension's builder
+chooses what it owns -- batch shares and buckets (``data``), shard fractions and layout (``zero``),
+cuts, device order, schedule, micro-batches and rows (``pipeline``), uneven splits (``tensor``) --
+and ``simulate`` predicts the plan's step and memory.  With ``pp = tp = 1`` data parallelism is tried
+plain, as ZeRO 1, 2 and 3, with the weak tier compressed (when the view has that cost), and, only
+when the caller allows asynchronous training, with an outer sync every H steps.  Plans that do not
+fit memory are kept in the table with the ranks that overflow; the fastest that fits wins.
+
+Objective: seconds per step; with ``prices`` (per device kind, any currency per hour) the cost per
+million tokens is reported too and ranks the plans (every plan here runs on every device, so both
+orders agree until plans that leave devices unlaunched exist).
+
+Not searched (stated in the result's notes): per-device dtypes (profiles are measured in one dtype,
+so no model of their speed exists here -- ``--precision per-device`` applies the device table's rule
+on top) and sequence parallelism (a memory trade the cost model does not price yet).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from hcomm.parallel.planner.simulate import Simulation, simulate
+
+
+@dataclass
+class Candidate:
+    label: str
+    plan: Optional[object] = None           # hcomm.parallel.Plan, None when the builder refused
+    sim: Optional[Simulation] = None
+    why_not: str = ""                        # the builder's refusal, or the ranks over budget
+
+    @property
+    def step_s(self) -> float:
+        return self.sim.step_s if self.sim is not None else float("inf")
+
+    @property
+    def usable(self) -> bool:
+        return self.sim is not None and self.sim.fits and not self.why_not
+
+
+@dataclass
+class SearchResult:
+    best: Candidate
+    candidates: List[Candidate]              # usable first, fastest first; then the refused
+    seconds: float                           # the search's own time
+    notes: List[str] = field(default_factory=list)
+
+    def table(self, tokens_per_step: int, prices: Optional[Dict[str, float]] = None, devices=(),
+              top: int = 12) -> List[str]:
+        hourly = _hourly(prices, devices) if prices else None
+        lines = [f"  {'':2}{'plan':<28}{'predicted ms':>13}{'tokens/s':>11}{'peak mem / budget':>19}"
+                 + (f"{'cost/Mtok':>11}" if hourly else "")]
+        for c in self.candidates[:top]:
+            mark = "->" if c is self.best else "  "
+            if c.sim is None:
+                lines.append(f"  {mark}{c.label:<28}{'-':>13}{'-':>11}{'':>19}  refused: {c.why_not}")
+                continue
+            worst = max(range(len(c.sim.memory_bytes)), key=lambda r: c.sim.memory_bytes[r] / c.sim.budget_bytes[r])
+            mem = f"{c.sim.memory_bytes[worst] / c.sim.budget_bytes[worst]:.0%} (rank {worst})"
+            row = (f"  {mark}{c.label:<28}{c.step_s * 1e3:>13.1f}{tokens_per_step / c.step_s:>11,.0f}{mem:>19}"
+                   + (f"{hourly * c.step_s / 3600 / tokens_per_step * 1e6:>11.4f}" if hourly else ""))
+            lines.append(row + ("" if c.usable else f"  does not fit: {c.why_not}"))
+        return lines
+
+
+def _hourly(prices: Dict[str, float], devices: Sequence[str]) -> float:
+    missing = sorted({d for d in devices if d not in prices})
+    if missing:
+        raise ValueError(f"prices name no price for device kind(s) {missing}; give one per kind")
+    return sum(prices[d] for d in devices)
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def shapes(world: int, n_pieces: int, kv_heads: int, max_tp: Optional[int] = None):
+    """Every (pp, tp) the world and the model allow."""
+    for tp in _divisors(world):
+        if tp > kv_heads or (max_tp and tp > max_tp):
+            continue
+        for pp in _divisors(world // tp):
+            if pp <= n_pieces:
+                yield pp, tp
+
+
+def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, allow_async: bool = False,
+           max_tp: Optional[int] = None, compressions: Sequence[str] = ("bf16",),
+           prices: Optional[Dict[str, float]] = None) -> SearchResult:
+    """The fastest plan that fits (see the module docstring); raises ValueError when none does, saying
+    what the tightest candidate lacked."""
+    from hcomm.parallel.planner.pipeline import boundary_bytes
+
+    start = time.perf_counter()
+    n_pieces = len(view.profiles[0].layers)
+    boundary = boundary_bytes(dim, seq_len)
+    candidates: List[Candidate] = []
+
+    def attempt(label: str, build) -> None:
+        try:
+            plan = build()
+        except (ValueError, AssertionError) as error:   # the builder's own refusal: kept, with its words
+            candidates.append(Candidate(label, why_not=str(error).splitlines()[0][:160]))
+            return
+        sim = simulate(plan, view, dim=dim)
+        over = sim.over_budget()
+        why = "" if not over else ", ".join(f"rank {r} needs {sim.memory_bytes[r] / 2**30:.2f} of "
+                                            f"{sim.budget_bytes[r] / 2**30:.2f} GiB" for r in over[:3])
+        plan.name = plan.name or label
+        candidates.append(Candidate(label, plan, sim, why))
+
+    for pp, tp in shapes(view.world_size, n_pieces, kv_heads, max_tp):
+        if pp == 1 and tp == 1:
+            _data_candidates(view, global_batch, seq_len, attempt, allow_async, compressions)
+        elif tp == 1:
+            from hcomm.parallel.planner.pipeline import plan_pipeline
+
+            attempt(f"pp={pp}", lambda pp=pp: plan_pipeline(view, global_batch, seq_len, stages=pp,
+                                                            boundary=boundary, name=f"search pp={pp}"))
+        elif pp == 1:
+            from hcomm.parallel.planner.tensor import plan_tensor
+
+            attempt(f"tp={tp}", lambda tp=tp: plan_tensor(view, global_batch, seq_len, tp=tp, dim=dim,
+                                                          n_layers=n_pieces - 3, name=f"search tp={tp}"))
+        else:
+            from hcomm.parallel.planner.pipeline_tensor import plan_pipeline_tensor
+
+            attempt(f"pp={pp} tp={tp}", lambda pp=pp, tp=tp: plan_pipeline_tensor(
+                view, global_batch, seq_len, stages=pp, tp=tp, dim=dim, boundary=boundary,
+                name=f"search pp={pp} tp={tp}"))
+    hourly = _hourly(prices, view.devices) if prices else 1.0
+    candidates.sort(key=lambda c: (not c.usable, c.sim is None, c.step_s * hourly))
+    if not candidates or not candidates[0].usable:
+        raise ValueError(_nothing_fits(candidates))
+    result = SearchResult(candidates[0], candidates, time.perf_counter() - start)
+    result.notes = [f"searched {len(candidates)} plans over (pp, tp) shapes and data-parallel variants in "
+                    f"{result.seconds:.2f} s; chose {result.best.label}: {result.best.sim.account}",
+                    "not searched: per-device dtypes (no speed model per dtype; --precision per-device applies "
+                    "the device table on top) and sequence parallelism"]
+    result.notes += [f"runner-up {c.label}: {c.step_s * 1e3:.0f} ms ({c.step_s / result.best.step_s:.2f}x)"
+                     for c in candidates[1:6] if c.usable]
+    return result
+
+
+def _data_candidates(view, global_batch: int, seq_len: int, attempt, allow_async: bool,
+                     compressions: Sequence[str]) -> None:
+    from hcomm.parallel.planner.data import plan_data_parallel
+    from hcomm.parallel.planner.zero import apply_zero
+
+    def data(**kw):
+        return plan_data_parallel(view, global_batch, seq_len, **kw)[0]
+
+    attempt("dp", lambda: data(name="search dp"))
+    for stage in (1, 2, 3):
+        def zero(stage=stage):
+            plan = data(zero_stage=stage, name=f"search zero-{stage}")
+            apply_zero(plan, view, stage, "auto")
+            return plan
+        attempt(f"zero-{stage}", zero)
+    if len(view.islands) > 1:
+        for c in compressions:
+            if c in view.compressed_allreduce_s:
+                attempt(f"dp, weak tier {c}", lambda c=c: data(compression=c, name=f"search dp {c}"))
+        if allow_async:
+            for h in (4, 8):
+                attempt(f"dp, islands sync every {h}", lambda h=h: data(sync_every=h, name=f"search dp H={h}"))
+
+
+def _nothing_fits(candidates: List[Candidate]) -> str:
+    built = [c for c in candidates if c.sim is not None]
+    if not built:
+        reasons = "; ".join(f"{c.label}: {c.why_not}" for c in candidates[:6])
+        return f"no plan fits the model on this cluster: every builder refused ({reasons})"
+    tightest = min(built, key=lambda c: max(m / b for m, b in zip(c.sim.memory_bytes, c.sim.budget_bytes)))
+    r = max(range(len(tightest.sim.memory_bytes)),
+            key=lambda i: tightest.sim.memory_bytes[i] / tightest.sim.budget_bytes[i])
+    return (f"no plan fits the model on this cluster: the one needing least ({tightest.label}) still needs "
+            f"{tightest.sim.memory_bytes[r] / 2**30:.2f} GiB on rank {r}, which has "
+            f"{tightest.sim.budget_bytes[r] / 2**30:.2f} GiB")

@@ -1,0 +1,140 @@
+"""``hcomm.parallel.simulate``: one model for every plan.
+
+1. Hand-computed step times and memory on small cases (data parallelism, a 2-stage GPipe pipeline,
+   a TP pair).
+2. Every builder's prediction equals the simulator's for the plan it returns (data parallelism with
+   and without an outer sync, ZeRO 1-3, pipelines auto / uniform / interleaved, TP, a pipeline of TP
+   groups): the builders choose with the same model the simulator applies to any plan.
+No processes.
+"""
+from __future__ import annotations
+
+import pytest
+
+from hcomm.parallel import simulate
+from hcomm.parallel.cluster import ClusterView
+from hcomm.parallel.plan import GroupPlan, Plan, RankPlan
+from hcomm.parallel.planner.data import plan_data_parallel
+from hcomm.parallel.planner.pipeline import boundary_bytes, plan_pipeline
+from hcomm.parallel.planner.pipeline_tensor import plan_pipeline_tensor
+from hcomm.parallel.planner.tensor import plan_tensor
+from hcomm.parallel.planner.zero import apply_zero
+from hcomm.parallel.profile import DeviceProfile, LayerCost
+
+MiB = 1 << 20
+DIM, SEQ = 32, 16
+
+
+def profile(rank, speed=1.0, pieces=(0.03, 0.3, 0.3, 0.03, 0.06), budget=8 << 30):
+    """Pieces embed, 2 blocks, norm, head; fwd = 1/3 and bwd = 2/3 of each piece's seconds per sample
+    at speed 1; 1 MiB of parameters per piece (4 MiB of state with AdamW), 1 MiB of activations."""
+    layers = [LayerCost(f"p{i}", s / speed / 3, 2 * s / speed / 3, MiB, MiB, 2 * MiB, MiB)
+              for i, s in enumerate(pieces)]
+    return DeviceProfile(rank, "X", 1, SEQ, layers, budget, 0, "test", 0.0, "measured")
+
+
+def allreduce(nbytes):
+    return 1e-3 + nbytes / 1e9
+
+
+def view(speeds, islands=None, optimizer=0.01):
+    islands = islands or [list(range(len(speeds)))]
+    return ClusterView(["X"] * len(speeds), islands, [profile(r, s) for r, s in enumerate(speeds)], allreduce,
+                       [allreduce] * len(islands), [optimizer] * len(speeds), allreduce,
+                       [f"i{i}" for i in range(len(islands))], links={"intra": (1e-4, 1e9), "inter": (1e-3, 1e8)},
+                       compressed_allreduce_s={"bf16": lambda n: allreduce(n // 2)})
+
+
+# --- 1. by hand ------------------------------------------------------------------------------------
+
+def test_data_parallel_by_hand():
+    """2 ranks, 3 and 1 samples at speed 1 (0.72 s per sample), one 64 MiB bucket: the gradient (5 MiB)
+    goes out after the slowest rank's backward ends: 3 x 0.72 + all-reduce + optimizer."""
+    v = view([1.0, 1.0])
+    plan = Plan.from_shares([0.75, 0.25], 4, SEQ, bucket_bytes=64 * MiB)
+    sim = simulate(plan, v, dim=DIM)
+    assert sim.kind == "data"
+    assert sim.step_s == pytest.approx(3 * 0.72 + allreduce(5 * MiB) + 0.01)
+    # state 5 x 4 MiB + activations 5 pieces x 1 MiB per sample, all samples at once (micro_batch 0)
+    assert sim.memory_bytes == [20 * MiB + 3 * 5 * MiB, 20 * MiB + 1 * 5 * MiB]
+    assert sim.fits
+
+
+def test_gpipe_two_stages_one_micro_batch_by_hand():
+    """Stage 0 = pieces [0, 2) on rank 0, stage 1 = [2, 5) on rank 1, one sample: forward 0.11 then
+    send then 0.13, backward 0.26 then send then 0.22; a send is 1e-4 s + 2 KiB / 1e9 (intra link)."""
+    v = view([1.0, 1.0])
+    ranks = [RankPlan(0, 1.0, stage=0, layers=(0, 2)), RankPlan(1, 0.0, stage=1, layers=(2, 5))]
+    groups = [GroupPlan("dp", [0, 1]), GroupPlan("pp:0", [0, 1], micro_batches=1, schedule="gpipe", cuts=[0, 2, 5])]
+    plan = Plan(1, SEQ, ranks, groups).validate()
+    sim = simulate(plan, v, dim=DIM)
+    send = 1e-4 + boundary_bytes(DIM, SEQ) / 1e9
+    f0, f1, b0, b1 = 0.33 / 3, 0.39 / 3, 0.66 / 3, 0.78 / 3
+    # one replica: no stage sync; the optimizer on the largest stage's share of the parameters (3/5)
+    assert sim.step_s == pytest.approx(f0 + send + f1 + b1 + send + b0 + 0.01 * 3 / 5)
+    assert sim.kind == "pipeline"
+    assert sim.memory_bytes[0] == 2 * 4 * MiB + 2 * MiB and sim.memory_bytes[1] == 3 * 4 * MiB + 3 * MiB
+
+
+def test_tensor_pair_by_hand():
+    """One TP group of 2 at speeds 1 and 0.5 with fractions 2/3 and 1/3 on 3 rows: each member computes
+    2/3 x 3 x 0.72 s; 2 all-reduces forward and 2 backward per block, 1 for the embedding and 1 for the
+    head, each of 3 x 16 x 32 x 4 bytes; no gradient sync (one group); the optimizer on 2/3."""
+    v = view([1.0, 0.5])
+    ranks = [RankPlan(0, 1.0, tp_group=0, tp_fraction=2 / 3), RankPlan(1, 0.0, tp_group=0, tp_fraction=1 / 3)]
+    plan = Plan(3, SEQ, ranks, [GroupPlan("dp", [0, 1]), GroupPlan("tp:0", [0, 1])]).validate()
+    sim = simulate(plan, v, dim=DIM)
+    assert sim.step_s == pytest.approx(2 / 3 * 3 * 0.72 + (4 * 2 + 2) * allreduce(3 * SEQ * DIM * 4) + 0.01 * 2 / 3)
+    assert sim.memory_bytes == [int(20 * MiB * 2 / 3) + 15 * MiB, int(20 * MiB / 3) + 15 * MiB]
+
+
+def test_a_plan_that_does_not_fit_says_which_ranks():
+    v = view([1.0, 1.0])
+    v.profiles[1] = profile(1, budget=30 * MiB - 1)   # needs 20 MiB of state + 2 samples x 5 MiB
+    sim = simulate(Plan.from_shares([0.5, 0.5], 4, SEQ), v, dim=DIM)
+    assert not sim.fits and sim.over_budget() == [1]
+
+
+# --- 2. the builders predict what the simulator says ----------------------------------------------------
+
+def _same(plan, v):
+    sim = simulate(plan, v, dim=DIM)
+    assert sim.step_s == pytest.approx(plan.predicted_step_s, rel=1e-9), (plan.name, sim.account)
+    return sim
+
+
+@pytest.mark.parametrize("sync_every, compression", [(1, "none"), (4, "none"), (1, "bf16")])
+def test_data_parallel_builder(sync_every, compression):
+    v = view([1.0, 0.5, 0.5], islands=[[0], [1, 2]])
+    plan, _ = plan_data_parallel(v, 12, SEQ, sync_every=sync_every, compression=compression)
+    _same(plan, v)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_builder(stage):
+    v = view([1.0, 0.5, 0.5, 1.0], islands=[[0, 1], [2, 3]])
+    plan, _ = plan_data_parallel(v, 8, SEQ, zero_stage=stage)
+    apply_zero(plan, v, stage, "auto")
+    assert _same(plan, v).kind == "zero"
+
+
+@pytest.mark.parametrize("split, schedule", [("auto", None), ("uniform", None), ("auto", "interleaved-1f1b"),
+                                             ("parameters", "gpipe")])
+def test_pipeline_builder(split, schedule):
+    v = view([1.0, 0.5, 1.0, 0.5], islands=[[0, 1], [2, 3]])
+    plan = plan_pipeline(v, 8, SEQ, stages=2, boundary=boundary_bytes(DIM, SEQ), split=split, schedule=schedule)
+    assert _same(plan, v).kind == "pipeline"
+
+
+@pytest.mark.parametrize("split", ["auto", "uniform"])
+def test_tensor_builder(split):
+    v = view([1.0, 0.5, 1.0, 0.5])
+    plan = plan_tensor(v, 8, SEQ, tp=2, dim=DIM, n_layers=2, split=split)
+    assert _same(plan, v).kind == "tensor"
+
+
+@pytest.mark.parametrize("split", ["auto", "uniform"])
+def test_pipeline_of_tensor_groups_builder(split):
+    v = view([1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 0.5, 0.5], islands=[[0, 1, 2, 3], [4, 5, 6, 7]])
+    plan = plan_pipeline_tensor(v, 8, SEQ, stages=2, tp=2, dim=DIM, boundary=boundary_bytes(DIM, SEQ), split=split)
+    assert _same(plan, v).kind == "pipeline+tensor"
