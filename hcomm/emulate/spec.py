@@ -201,14 +201,19 @@ def _node(raw, path: str, index: int, first_rank: int) -> NodeSpec:
     return NodeSpec(index, name, island, vendor, float(bw), float(lat), float(loss), ranks)
 
 
-def parse_spec(data, source: str = "") -> ClusterSpec:
-    """Validate a spec already read from YAML (a dict)."""
+EMULATED_MAX_NODES = 150   # one emulated subnet (netns addresses); a spec only planned for may be larger
+
+
+def parse_spec(data, source: str = "", max_nodes: Optional[int] = EMULATED_MAX_NODES) -> ClusterSpec:
+    """Validate a spec already read from YAML (a dict); ``max_nodes=None`` for a spec that is planned
+    for (``hcomm plan --offline``), not emulated."""
     d = _mapping(data, "", _TOP_KEYS)
     nodes_raw = d.get("nodes")
     if not isinstance(nodes_raw, list) or not nodes_raw:
         raise _fail("nodes", f"must be a non-empty list, got {nodes_raw!r}")
-    if len(nodes_raw) > 150:
-        raise _fail("nodes", f"at most 150 nodes fit one emulated subnet, got {len(nodes_raw)}")
+    if max_nodes is not None and len(nodes_raw) > max_nodes:
+        raise _fail("nodes", f"at most {max_nodes} nodes fit one emulated subnet, got {len(nodes_raw)} "
+                             f"(hcomm plan --offline plans larger clusters)")
     nodes: List[NodeSpec] = []
     seen: Dict[str, int] = {}
     vendors: Dict[str, Tuple[str, int]] = {}
@@ -228,19 +233,19 @@ def parse_spec(data, source: str = "") -> ClusterSpec:
     return ClusterSpec(str(name), tuple(nodes), str(d.get("description", "")), source)
 
 
-def load_file(path: str) -> ClusterSpec:
+def load_file(path: str, max_nodes: Optional[int] = EMULATED_MAX_NODES) -> ClusterSpec:
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     try:
-        return parse_spec(data, source=path)
+        return parse_spec(data, source=path, max_nodes=max_nodes)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
 
 
-def load_spec(path_or_preset: Optional[str] = None) -> ClusterSpec:
+def load_spec(path_or_preset: Optional[str] = None, max_nodes: Optional[int] = EMULATED_MAX_NODES) -> ClusterSpec:
     """A spec from a YAML file, a preset name, or (None) the default preset."""
     from hcomm.emulate import catalog as _presets
 
@@ -251,6 +256,6 @@ def load_spec(path_or_preset: Optional[str] = None) -> ClusterSpec:
     if path_or_preset in _presets.presets():
         return load_file(_presets.preset_path(path_or_preset))
     if os.path.exists(path_or_preset):
-        return load_file(path_or_preset)
+        return load_file(path_or_preset, max_nodes)
     raise SpecError(f"--cluster {path_or_preset!r}: neither a file nor a preset "
                     f"(presets: {', '.join(_presets.presets())})")

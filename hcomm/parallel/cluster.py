@@ -58,7 +58,12 @@ class ClusterView:
         return len(self.devices)
 
     def island_of(self, rank: int) -> int:
-        return next(i for i, members in enumerate(self.islands) if rank in members)
+        # sets per island, rebuilt when the islands list is replaced: planners ask once per rank, and a
+        # list scan per call made that quadratic on thousands of ranks
+        cached = self.__dict__.get("_island_sets")
+        if cached is None or cached[0] is not self.islands:
+            cached = self.__dict__["_island_sets"] = (self.islands, [set(m) for m in self.islands])
+        return next(i for i, members in enumerate(cached[1]) if rank in members)
 
 
 # Sizes at which the comm layer's model is sampled: every power of two from

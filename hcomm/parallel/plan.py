@@ -63,6 +63,8 @@ class GroupPlan:
     outer_momentum: float = 0.9
     outer_overlap: bool = False  # the outer all-reduce runs behind the next H inner steps (applied one period late)
     rebalance_after: int = 0  # re-split the batch by compute measured in the first N steps (0 = never)
+    straggler_margin: float = 0.0  # re-split when a rank's s/sample drifts this far from its baseline (0 = never)
+    straggler_patience: int = 3  # ... for this many steps in a row (hcomm/parallel/straggler.py)
     # Pipeline (read only from "pp:*" groups, one per pipeline replica, ranks in pipeline order)
     micro_batches: int = 1
     schedule: str = "1f1b"  # gpipe, 1f1b or interleaved-1f1b (hcomm/parallel/pipeline/schedule_cost.py)
@@ -118,6 +120,14 @@ class Plan:
         """Samples per rank per step: proportional to the shares, summing to ``global_batch``."""
         return apportion(self.shares(), self.global_batch)
 
+    def samples_computed(self) -> List[int]:
+        """Samples each rank computes per step: every rank of a pipeline or TP replica runs the rows its
+        replica's first rank holds the share of (the others hold share 0)."""
+        counts = self.batch_counts()
+        for g in self.pipeline_groups() + self.tensor_groups():
+            counts = [counts[g.ranks[0]] if r in g.ranks else n for r, n in enumerate(counts)]
+        return counts
+
     def batch_offsets(self) -> List[int]:
         """Where each rank's samples start in the global batch (exclusive prefix sums)."""
         offsets, start = [], 0
@@ -153,10 +163,17 @@ class Plan:
     def rows_leader(self, rank: int) -> int:
         """The rank whose batch share is ``rank``'s rows: the first rank of its pipeline, of that rank's TP
         group (with both: stage 0's TP position 0 of its replica), or itself."""
-        pipe = self.pipeline_of(rank)
-        first = pipe.ranks[0] if pipe is not None else rank
-        tp = self.tensor_group_of(first)
-        return tp.ranks[0] if tp is not None else first
+        return self.rows_leaders()[rank]
+
+    def rows_leaders(self) -> List[int]:
+        """``rows_leader`` of every rank, in one pass over the groups (plans of thousands of ranks)."""
+        first_of_pipe = {r: g.ranks[0] for g in self.pipeline_groups() for r in g.ranks}
+        first_of_tp = {r: g.ranks[0] for g in self.tensor_groups() for r in g.ranks}
+        out = []
+        for rank in range(len(self.ranks)):
+            first = first_of_pipe.get(rank, rank)
+            out.append(first_of_tp.get(first, first))
+        return out
 
     def validate(self, world_size: Optional[int] = None) -> "Plan":
         """Raises :class:`PlanError` naming the field and rank of the first problem; returns self."""
@@ -280,9 +297,7 @@ _Dumper.add_representer(list, _represent_list)
 
 
 def _rank_table(plan: Plan) -> List[str]:
-    ranks, counts = plan.ranks, plan.batch_counts()
-    for g in plan.pipeline_groups() + plan.tensor_groups():   # every rank of a replica runs its rows
-        counts = [counts[g.ranks[0]] if r in g.ranks else n for r, n in enumerate(counts)]
+    ranks, counts = plan.ranks, plan.samples_computed()
     columns = [("rank", [str(r.rank) for r in ranks]),
                ("device", [r.device or "-" for r in ranks]),
                ("island", [r.island or "-" for r in ranks]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections import Counter
 from typing import Any, Dict, List, Optional
 
 COMPUTE_DTYPES = ("fp32", "bf16", "fp16", "fp8")
@@ -104,6 +105,21 @@ def check_plan(plan: Any, world_size: Optional[int]) -> None:
     _check_tensor(plan)
     _check_sequence_parallel_groups(plan)
     _check_precision(plan)
+    _check_stragglers(plan)
+
+
+def _check_stragglers(plan: Any) -> None:
+    """Re-splitting on drift moves rows between ranks: plain hcomm data parallelism only (a ZeRO shard,
+    a pipeline's stages or a TP split would have to move too)."""
+    watched = [g.name for g in plan.groups if g.straggler_margin]
+    if not watched:
+        return
+    other = ("backend " + plan.backend if plan.backend != "hcomm" else
+             "ZeRO" if any(r.zero_stage for r in plan.ranks) else
+             "pipelines" if plan.pipeline_groups() else "tensor parallelism" if plan.tensor_groups() else "")
+    if other:
+        raise PlanError(f"groups {watched}: straggler_margin re-splits the batch of plain hcomm data parallelism, "
+                        f"not with {other}")
 
 
 def _check_top(plan: Any) -> None:
@@ -124,7 +140,8 @@ def _check_rank_numbering(ranks: List[Any], world_size: Optional[int]) -> None:
         raise PlanError("ranks: the plan has no ranks")
     numbers = [r.rank for r in ranks]
     missing = sorted(set(range(n)) - set(numbers))
-    duplicates = sorted({x for x in numbers if numbers.count(x) > 1})
+    seen = Counter(numbers)   # (list.count per rank was quadratic: plans of thousands of ranks)
+    duplicates = sorted(x for x, k in seen.items() if k > 1)
     extra = sorted({x for x in numbers if not 0 <= x < n})
     if missing or duplicates or extra:
         problems = [f"{label} {', '.join(map(str, xs))}" for label, xs in
@@ -205,11 +222,12 @@ def _check_groups(groups: List[Any], n_ranks: int) -> None:
 def _check_group(g: Any, where: str, n_ranks: int) -> None:
     if not g.ranks:
         raise PlanError(f"{where}.ranks: must not be empty")
+    listed = Counter(g.ranks)
     for r in g.ranks:
         if not 0 <= r < n_ranks:
             raise PlanError(f"{where}.ranks: rank {r} does not exist (the plan has ranks 0..{n_ranks - 1})")
-        if g.ranks.count(r) > 1:
-            raise PlanError(f"{where}.ranks: rank {r} is listed {g.ranks.count(r)} times")
+        if listed[r] > 1:
+            raise PlanError(f"{where}.ranks: rank {r} is listed {listed[r]} times")
     if g.bucket_bytes < MIN_BUCKET_BYTES:
         raise PlanError(f"{where}.bucket_bytes: must be >= {MIN_BUCKET_BYTES} (1 KiB), got {g.bucket_bytes}")
     check_compression(g.compression, f"{where}.compression")
@@ -219,6 +237,13 @@ def _check_group(g: Any, where: str, n_ranks: int) -> None:
         raise PlanError(f"{where}.rebalance_after: must be >= 0 (0 = never), got {g.rebalance_after}")
     if g.rebalance_after and g.sync_every > 1:
         raise PlanError(f"{where}.rebalance_after: re-splitting the batch is not supported with sync_every "
+                        f"{g.sync_every} (island weights would change between outer steps)")
+    if not (math.isfinite(g.straggler_margin) and g.straggler_margin >= 0):
+        raise PlanError(f"{where}.straggler_margin: must be >= 0 (0 = never re-plan), got {g.straggler_margin}")
+    if g.straggler_patience < 1:
+        raise PlanError(f"{where}.straggler_patience: must be >= 1, got {g.straggler_patience}")
+    if g.straggler_margin and g.sync_every > 1:
+        raise PlanError(f"{where}.straggler_margin: re-splitting the batch is not supported with sync_every "
                         f"{g.sync_every} (island weights would change between outer steps)")
     if not (math.isfinite(g.outer_lr) and g.outer_lr > 0):
         raise PlanError(f"{where}.outer_lr: must be > 0, got {g.outer_lr}")
@@ -313,6 +338,7 @@ def _check_pipeline(plan: Any) -> None:
                         f"sync_every {plan.dp_group().sync_every})")
     first_i, first = pipes[0]
     counts = plan.batch_counts()
+    leaders = plan.rows_leaders()
     for i, g in pipes:
         where = f"groups[{i}]"
         if (len(g.ranks), g.cuts, g.virtual_stages) != (len(first.ranks), first.cuts, first.virtual_stages):
@@ -340,11 +366,11 @@ def _check_pipeline(plan: Any) -> None:
             if pos and rp.batch_share:
                 raise PlanError(f"ranks[{r}].batch_share: {rp.batch_share:g}, but only a pipeline's first rank "
                                 f"(rank {g.ranks[0]} of {g.name!r}) takes a share: it is the replica's rows")
-        rows = counts[plan.rows_leader(g.ranks[0])]
+        rows = counts[leaders[g.ranks[0]]]
         if rows % g.micro_batches:
             raise PlanError(f"{where}.micro_batches: {g.name!r} gets {rows} rows per step, which do not split "
                             f"into {g.micro_batches} equal micro-batches")
-    if all(counts[plan.rows_leader(g.ranks[0])] == 0 for _, g in pipes):
+    if all(counts[leaders[g.ranks[0]]] == 0 for _, g in pipes):
         raise PlanError(f"groups[{first_i}]: no pipeline gets rows" + (" (the only pipeline gets none)"
                                                                         if len(pipes) == 1 else ""))
 
@@ -424,8 +450,9 @@ def _check_pipeline_tensor(plan: Any, groups: List[Any]) -> None:
             raise PlanError(f"groups[{i}] ({g.name}): sequence parallelism does not run with pipelines (stage "
                             f"boundaries carry whole sequences)")
     along = {}
+    tp_of = {r: g for _, g in groups for r in g.ranks}
     for j, p in enumerate(plan.pipeline_groups()):
-        tps = [plan.tensor_group_of(r) for r in p.ranks]
+        tps = [tp_of[r] for r in p.ranks]
         positions = {t.ranks.index(r) for t, r in zip(tps, p.ranks)}
         if len(positions) != 1 or len({len(t.ranks) for t in tps}) != 1:
             raise PlanError(f"pipeline {p.name!r}: its ranks {p.ranks} hold TP positions "

@@ -17,6 +17,7 @@ import sys
 from typing import List, Optional
 
 MAIN_JOB = dict(model="small", steps=30, global_batch=24, seq_len=64, lr=2e-3)
+MAIN_JOB_PLANS = "auto,uniform"
 
 
 def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
@@ -45,6 +46,9 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
                    help="with --sync-every: run the cross-island all-reduce behind the next inner steps")
     p.add_argument("--resplit-after", type=int, default=3,
                    help="auto: re-split the batch by the compute measured in the first N steps (0 = never)")
+    p.add_argument("--straggler-margin", type=float, default=0.3,
+                   help="auto: re-split the batch whenever a rank's seconds per sample drift more than this "
+                        "fraction from what it showed after the last split, 3 steps in a row (0 = never)")
     p.add_argument("--compress", default="none", help="inter-island wire format: none, bf16, fp16, fp8e4m3[:ef], ...")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded (uniform: torch's "
@@ -72,6 +76,8 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--eval-batches", type=int, default=4, help="held-out batches for the final eval loss")
     p.add_argument("--json", default=None, help="write one record per step, the plans, machine and versions")
     p.add_argument("--plot", default=None, help="draw loss vs time and the per-rank time breakdown (PNG)")
+    p.add_argument("--picture", default=None,
+                   help="draw which device does what in each plan (PNG; the main job writes hcomm-plans.png)")
     p.add_argument("--save-plan", default=None,
                    help="write the plan as YAML (several plans: PATH with -1, -2, ... before the extension); "
                         "hcomm train --plan PATH runs it")
@@ -83,7 +89,9 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     if compare_default:
-        args.plan = "auto,uniform"
+        args.plan = MAIN_JOB_PLANS
+        if args.picture is None and not args.print_plan_only:
+            args.picture = "hcomm-plans.png"
     if args.warmup_steps is None:
         args.warmup_steps = max(0, min(2, args.steps - 1))
     _check(p, args)
@@ -102,6 +110,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--lr must be > 0, got {args.lr}")
     if args.resplit_after < 0:
         p.error(f"--resplit-after must be >= 0, got {args.resplit_after}")
+    if not args.straggler_margin >= 0:
+        p.error(f"--straggler-margin must be >= 0 (0 = never), got {args.straggler_margin}")
     if args.sync_every < 1:
         p.error(f"--sync-every must be >= 1, got {args.sync_every}")
     if args.prefetch < 0:

@@ -2,7 +2,8 @@
 
 Per step every rank records its own seconds (compute, sync wait, optimizer,
 outer sync, whole step) and its mean loss; nothing extra is communicated in
-the loop.  After the last step one gather brings every rank's records to
+the loop but, when the plan watches for stragglers, one all-reduce of 2 x
+world numbers (each rank's compute and samples).  After the last step one gather brings every rank's records to
 rank 0, and one all-reduce of the ranks' loss vectors weighted by their
 sample counts gives the exact global-batch loss of every step, the same way
 for every plan (DDP, hcomm, islands with outer sync).
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from hcomm.parallel.parallelize import parallelize
+from hcomm.parallel.straggler import StragglerWatch
 
 
 @dataclass
@@ -37,6 +39,7 @@ class PlanResult:
     predicted_step_s: float = float("nan")
     counts: List[int] = field(default_factory=list)  # samples per rank at the end (after any re-split)
     resplit: dict = field(default_factory=dict)      # what re-splitting by measured compute changed
+    replans: List[dict] = field(default_factory=list)  # re-splits after a rank drifted (straggler.py)
 
 
 def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
@@ -78,6 +81,9 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     tokens_per_step = plan.global_batch * plan.seq_len
     mine: List[dict] = []
     resplit: dict = {}
+    replans: List[dict] = []
+    dp = plan.dp_group()
+    watch = StragglerWatch(dp.straggler_margin, dp.straggler_patience) if dp.straggler_margin else None
     bar = _progress(args.steps, rank)
     dist.barrier(group=groups.default)
     loop_start = time.perf_counter()
@@ -88,8 +94,16 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
         t = pm.train_step(lambda offset, count: batches.rows(step, offset, count), optimizer)
         mine.append(dict(asdict(t), end=time.perf_counter() - loop_start, samples=pm.samples))
         _show(bar, rank, step, args.steps, t, tokens_per_step)
-        if step + 1 == plan.dp_group().rebalance_after and step + 1 < args.steps:
+        if step + 1 == dp.rebalance_after and step + 1 < args.steps:
             resplit = _resplit(pm, mine, plan, groups.default, rank, world)
+        elif watch is not None and step >= max(1, dp.rebalance_after) and step + 1 < args.steps:
+            # step 0 has first-call costs; the watch's baseline starts after the first re-split
+            per_sample, counts = _per_sample_everywhere(t.compute_s, pm.samples, groups.default, rank, world)
+            drifted = watch.observe(per_sample)
+            if drifted:
+                replans.append(_replan(pm, per_sample, counts, watch.drift(per_sample), drifted, step + 1, plan,
+                                       rank))
+                watch.reset()
     del optimizer  # ZeRO: its shard state goes before finish() gathers whole parameters for the eval
     if mine:
         mine[-1]["outer_s"] += pm.finish()  # islands that sync every H steps agree before the eval
@@ -100,7 +114,7 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
         bar.close()
     pm.close()
     result = PlanResult(plan.name, predicted_step_s=plan.predicted_step_s or float("nan"), wall_s=wall,
-                        resplit=resplit)
+                        resplit=resplit, replans=replans)
     result.tokens_per_s = tokens_per_step * (args.steps - args.warmup_steps) / timed
     losses = _global_losses(mine, plan, groups.default, rank)
     gathered: List = [None] * world
@@ -153,6 +167,34 @@ def _resplit(pm, mine: List[dict], plan, group, rank: int, world: int) -> dict:
         print(f"hcomm train: re-split after {len(mine)} steps by measured ms/sample "
               f"{[round(s * 1e3) for s in per_sample]}: {old} -> {new}", flush=True)
     return {"after_steps": len(mine), "ms_per_sample": [s * 1e3 for s in per_sample], "from": old, "to": new}
+
+
+def _per_sample_everywhere(compute_s: float, samples: int, group, rank: int, world: int):
+    """(every rank's compute seconds per sample of this step, nan where it ran none; every rank's
+    samples), the same on every rank: one all-reduce of a vector where each rank fills its own slots
+    (adding zeros is exact, so every rank takes the same decision without a broadcast)."""
+    mine = torch.zeros(2 * world, dtype=torch.float64)
+    mine[rank], mine[world + rank] = compute_s, samples
+    dist.all_reduce(mine, group=group)
+    seconds, counts = mine[:world].tolist(), [int(n) for n in mine[world:].tolist()]
+    return [s / n if n else math.nan for s, n in zip(seconds, counts)], counts
+
+
+def _replan(pm, per_sample: List[float], old: List[int], drift: List[float], drifted: List[int], after: int,
+            plan, rank: int) -> dict:
+    """Re-split by the seconds per sample just measured (ranks that ran no samples stay out)."""
+    from hcomm.parallel.planner.data import rebalanced_counts
+
+    new = rebalanced_counts([s if not math.isnan(s) else 1.0 for s in per_sample], plan.global_batch, old)
+    if new != old:
+        pm.resplit(new)
+    if rank == 0:
+        print(f"hcomm train: rank(s) {drifted} drifted "
+              + ", ".join(f"{drift[r]:+.0%}" for r in drifted)
+              + f" from their seconds per sample for {plan.dp_group().straggler_patience} steps: re-split after "
+                f"step {after}: {old} -> {new}", flush=True)
+    return {"after_steps": after, "drifted": drifted, "drift": [drift[r] for r in drifted],
+            "ms_per_sample": [s * 1e3 for s in per_sample], "from": old, "to": new}
 
 
 def _global_losses(mine: List[dict], plan, group, rank: int) -> List[float]:

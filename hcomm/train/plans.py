@@ -36,7 +36,7 @@ from typing import Dict, List, Tuple
 
 from hcomm.parallel.planner.zero import apply_zero  # noqa: F401  (planning ZeRO lives with its cost model)
 
-KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "zero", "prefetch",
+KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "straggler", "zero", "prefetch",
         "pp", "split", "schedule", "microbatches", "precision", "tp", "sp")
 PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp", "sp")
 
@@ -171,6 +171,9 @@ def _data_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
     else:
         plan = Plan.load(base)
         plan.name = plan.name or os.path.basename(base)
+    if (base == "auto" and plan.dp_group().sync_every == 1 and not _zero_stage(args, pins)
+            and args.dp_shares is None and "shares" not in pins):   # plain DP, shares not pinned: follow drift
+        plan.dp_group().straggler_margin = float(pins.get("straggler", getattr(args, "straggler_margin", 0.0)))
     if base in ("auto", "equal", "uniform") and _zero_stage(args, pins):
         apply_zero(plan, view, _zero_stage(args, pins), base, layout=getattr(args, "zero_layout", "auto"),
                    prefetch=int(pins.get("prefetch", getattr(args, "prefetch", 1))))

@@ -42,6 +42,10 @@ def side_by_side(args, plans, results, view) -> str:
                      f"{_tail_loss(res):>10.4f}{res.eval_loss:>11.4f}   {res.counts or plan.batch_counts()}"
                      + (f" (planned {res.resplit['from']})" if res.resplit.get("from") not in (None, res.counts)
                         else ""))
+    for plan, res in zip(plans, results):
+        for r in res.replans:
+            lines.append(f"  {plan.name}: after step {r['after_steps']} rank(s) {r['drifted']} drifted "
+                         + ", ".join(f"{d:+.0%}" for d in r["drift"]) + f": re-split {r['from']} -> {r['to']}")
     lines.append("")
     lines.append("per rank, mean ms per step after warm-up: compute / comm not hidden / idle (waiting for peers)")
     for plan, res in zip(plans, results):
@@ -81,7 +85,7 @@ def write_json(path: str, args, plans, results, view, data, n_params: int) -> No
            "runs": [{"plan": plan.to_dict(), "tokens_per_s": res.tokens_per_s,
                      "measured_step_s": res.measured_step_s, "predicted_step_s": res.predicted_step_s,
                      "eval_loss": res.eval_loss, "wall_s": res.wall_s, "counts": res.counts,
-                     "resplit": res.resplit, "steps": res.steps}
+                     "resplit": res.resplit, "replans": res.replans, "steps": res.steps}
                     for plan, res in zip(plans, results)]}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1, default=str)

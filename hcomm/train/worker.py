@@ -200,6 +200,11 @@ def run(args) -> int:
         plans = plans_for(args, view, rank)
         if args.save_plan and rank == 0:
             save_plans(plans, args.save_plan)
+        if args.picture and rank == 0:
+            from hcomm.train.plan_picture import draw
+
+            draw(args.picture, plans, view.profiles[0].layers)
+            print(f"hcomm train: wrote {args.picture} (which device does what in each plan)", flush=True)
         del model
         if args.print_plan_only:
             for plan in plans:

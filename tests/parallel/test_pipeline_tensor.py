@@ -111,9 +111,10 @@ def test_group_profile_by_hand():
     assert p.layers[0].fwd_s == pytest.approx(0.02 / 3 * 2 / 3 + full)       # embedding: one sum forward
     assert p.layers[-1].bwd_s == pytest.approx(0.1 / 3 * 2 / 3 + full)       # head: one sum backward
     assert p.layers[-2].fwd_s == pytest.approx(0.01 / 3 * 2 / 3)             # norm: none
-    # memory: the tightest member's budget over its fraction; activations whole on the smallest fraction
+    # memory: the tightest member's budget over its fraction; activations scaled so the member with the
+    # smallest fraction (1/3) fits its own: 10/34 replicated + 24/34 x 1/3, checked as 1/3 of the group's
     assert p.memory_budget_bytes == int((8 << 30) / (2 / 3))
-    assert p.layers[1].act_bytes_per_sample == int((1 << 20) * 3)
+    assert p.layers[1].act_bytes_per_sample == int((1 << 20) * (10 / 34 + 24 / 34 / 3) * 3)
 
 
 def test_planner_puts_the_fast_tp_group_on_more_pieces_and_expands_to_ranks():

@@ -33,7 +33,7 @@ def test_one_plan_does_not_compare():
     (["--data", "/no/such/corpus"], "--data /no/such/corpus: no such file or folder"),
     (["--dp-shares", "0.5,half"], "--dp-shares must be comma-separated numbers, got '0.5,half'"),
     (["--bucket-mb", "0.0001"], "--bucket-mb must be at least 1 KiB"),
-    (["--plan", "fastest"], "'fastest' is not auto, equal, uniform or a readable plan file"),
+    (["--plan", "fastest"], "'fastest' is not auto, search, equal, uniform or a readable plan file"),
     (["--plan", "auto@buckets=4"], "'buckets=4' is not KEY=VALUE with KEY one of bucket_mb"),
     (["--plan", "uniform@sync_every=8"], "pins other than zero and the pipeline's apply to auto and equal only"),
     (["--zero", "3", "--sync-every", "4"], "--zero 3 shards one optimizer over every rank; it cannot run with --sync-every 4"),

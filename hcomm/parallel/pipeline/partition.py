@@ -156,8 +156,11 @@ class _Fixed:
 class _Search:
     """Branch and bound over device orders and cut points; ``best`` is (cuts, device per position)."""
 
-    def __init__(self, pb: PipelineCosts, max_nodes: int):
+    def __init__(self, pb: PipelineCosts, max_nodes: int, bound_only: bool = False):
         self.pb = pb
+        # bound_only: leaves are ranked by the proven lower bound instead of a simulation (a large
+        # cluster's long pipelines: a simulation per leaf costs ~20 ms there); the result is simulated once
+        self.bound_only = bound_only
         # A fixed order is one class per position; else classes of interchangeable devices.
         self.classes = [[d] for d in pb.order] if pb.order is not None else interchangeable(pb)
         self.best_t, self.best = math.inf, None
@@ -193,8 +196,8 @@ class _Search:
         if any(m > pb.budget[devs[r]] for r, m in enumerate(pb.memory(cuts, devs))) \
                 or pb.bound(cuts, devs) >= self.cutoff():
             return
-        t = pb.simulate(cuts, devs)
-        self.simulated += 1
+        t = pb.bound(cuts, devs) if self.bound_only else pb.simulate(cuts, devs)
+        self.simulated += not self.bound_only
         if t < self.best_t:
             self.best_t, self.best = t, (list(cuts), list(devs))
 
@@ -433,7 +436,8 @@ def _result(pb: PipelineCosts, cuts: Sequence[int], devs: Sequence[int], label: 
 def partition(profiles: Sequence, *, micro_batches: int, micro_batch: int, schedule: str = "1f1b",
               virtual_stages: int = 1, boundary_bytes: Union[int, Sequence[int]] = 0,
               link_s: Optional[LinkTime] = None, budgets: Optional[Sequence[int]] = None,
-              order: Optional[Sequence[int]] = None, max_nodes: int = MAX_NODES) -> Partition:
+              order: Optional[Sequence[int]] = None, max_nodes: int = MAX_NODES,
+              bound_only: bool = False) -> Partition:
     """The fastest contiguous partition and device order (the module docstring says what is exact).
 
     ``profiles``: one ``DeviceProfile`` per stage device; ``micro_batch``: samples per micro-batch;
@@ -447,14 +451,16 @@ def partition(profiles: Sequence, *, micro_batches: int, micro_batch: int, sched
         raise ValueError(f"the device-order search is exhaustive and limited to {MAX_ORDER_DEVICES} devices, got "
                          f"{len(profiles)}: pass order=[...] to fix which device runs each pipeline position")
     pb = PipelineCosts(profiles, micro_batches, micro_batch, schedule, virtual_stages, boundary_bytes, link_s, budgets, order)
-    search = _Search(pb, max_nodes)
+    search = _Search(pb, max_nodes, bound_only)
     search.linear() if pb.v == 1 else search.interleaved()
     if search.best is None:
         if search.open_bound < math.inf:
             raise ValueError(f"no partition that fits memory was found within max_nodes={max_nodes}; raise it")
         raise pb.infeasible()
     part = _result(pb, *search.best, "auto", simulated=search.simulated)
-    if search.open_bound < search.cutoff():
+    if bound_only:   # every other partition simulates to at least its bound, and no bound was below ours
+        part.exact, part.gap = False, max(0.0, 1.0 - min(search.best_t, search.open_bound) / part.step_s)
+    elif search.open_bound < search.cutoff():
         part.exact, part.gap = False, 1.0 - search.open_bound / search.best_t
     return part
 
@@ -556,26 +562,39 @@ class ScheduleChoice:
         return "\n".join(lines)
 
 
+def micro_batch_counts(rows: int, most: int) -> List[int]:
+    """Micro-batch counts to try for ``rows``: every divisor up to ``most``, and above it one divisor per
+    doubling (the largest below each power of two, and ``rows`` itself): a large replica batch still
+    reaches micro-batches small enough for its memory, in a handful of tries."""
+    small = [m for m in range(1, min(most, rows) + 1) if rows % m == 0]
+    divisors = [d for d in range(most + 1, rows + 1) if rows % d == 0]
+    large = {max(d for d in divisors if d <= 1 << k) for k in range(most.bit_length(), rows.bit_length() + 1)
+             if any(d <= 1 << k for d in divisors)}
+    return small + sorted(large | ({rows} if divisors else set()))
+
+
 def choose_schedule(profiles: Sequence, *, global_batch: int, schedules: Sequence[str] = SCHEDULES,
                     max_micro_batches: int = 32, virtual_stages: Sequence[int] = (2,),
+                    counts: Optional[Sequence[int]] = None,
                     boundary_bytes: Union[int, Sequence[int]] = 0, link_s: Optional[LinkTime] = None,
                     budgets: Optional[Sequence[int]] = None, order: Optional[Sequence[int]] = None,
-                    max_nodes: int = MAX_NODES) -> ScheduleChoice:
+                    max_nodes: int = MAX_NODES, bound_only: bool = False) -> ScheduleChoice:
     """The fastest (schedule, micro-batch count M, partition) over ``schedules`` (interleaved with each of
-    ``virtual_stages``) and every M <= ``max_micro_batches`` dividing ``global_batch`` (a micro-batch is
-    global_batch / M samples).  Ties go to less peak memory, then fewer micro-batches."""
+    ``virtual_stages``) and the M of ``counts`` (default every M <= ``max_micro_batches`` dividing
+    ``global_batch``; a micro-batch is global_batch / M samples).  Ties go to less peak memory, then fewer micro-batches."""
     if global_batch < 1:
         raise ValueError(f"global_batch must be >= 1, got {global_batch}")
     for schedule in schedules:
         check_schedule(schedule, 1, 1, 2 if schedule == "interleaved-1f1b" else 1)  # the names
     trials: List[Trial] = []
-    for m in (m for m in range(1, min(max_micro_batches, global_batch) + 1) if global_batch % m == 0):
+    every = [m for m in range(1, min(max_micro_batches, global_batch) + 1) if global_batch % m == 0]
+    for m in (counts if counts is not None else every):
         for schedule in schedules:
             for v in (virtual_stages if schedule == "interleaved-1f1b" else (1,)):
                 try:
                     part = partition(profiles, micro_batches=m, micro_batch=global_batch // m, schedule=schedule,
                                      virtual_stages=v, boundary_bytes=boundary_bytes, link_s=link_s, budgets=budgets,
-                                     order=order, max_nodes=max_nodes)
+                                     order=order, max_nodes=max_nodes, bound_only=bound_only)
                     trials.append(Trial(schedule, m, v, global_batch // m, part))
                 except ValueError as e:
                     trials.append(Trial(schedule, m, v, global_batch // m, None, str(e)))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 AllReduceTime = Callable[[int], float]  # bytes -> seconds on the group
 
@@ -73,13 +73,16 @@ def bucket_plan(grad_bytes_backward: Sequence[int], bucket_bytes: int) -> List[T
     out: List[Tuple[int, int]] = []
     filled = 0
     for piece, nbytes in enumerate(grad_bytes_backward):
-        while nbytes > 0:
+        if filled:   # top up the open bucket first
             take = min(nbytes, bucket_bytes - filled)
             filled += take
             nbytes -= take
             if filled >= bucket_bytes:
                 out.append((filled, piece))
                 filled = 0
+        full, filled_now = divmod(nbytes, bucket_bytes)   # then whole buckets at once (a 7B model has ~10^4)
+        out.extend([(bucket_bytes, piece)] * full)
+        filled += filled_now
     if filled:
         out.append((filled, len(grad_bytes_backward) - 1))
     return out
@@ -108,14 +111,28 @@ def dp_step(profiles: Sequence, counts: Sequence[int], bucket_bytes: int, allred
     if len(profiles) != len(counts):
         raise ValueError(f"{len(profiles)} profiles for {len(counts)} ranks")
     micro = list(micro_batches or [0] * len(counts))
-    per_rank = [rank_compute(p, n, m) for p, n, m in zip(profiles, counts, micro)]
+    # ranks of one device class share their piece list (a large cluster): compute each (class, samples,
+    # micro-batch) once
+    seen: Dict[tuple, Tuple[float, List[float]]] = {}
+    per_rank = []
+    for p, n, m in zip(profiles, counts, micro):
+        key = (id(p.layers), p.micro_batch, n, m)
+        if key not in seen:
+            seen[key] = rank_compute(p, n, m)
+        per_rank.append(seen[key])
     compute = [c for c, _ in per_rank]
     buckets = bucket_plan(gradient_layout(profiles[0]), bucket_bytes)
+    # A large model has thousands of buckets of a few sizes: the ready time per piece and the all-reduce
+    # time per size are computed once (the planner calls this hundreds of times per plan).
+    ready_at = [max(ts) for ts in zip(*(done for _, done in seen.values()))]
+    seconds: Dict[int, float] = {}
     end = 0.0
     comm_total = 0.0
     for nbytes, piece in buckets:
-        ready = max(done[piece] for _, done in per_rank)
-        t = allreduce_s(nbytes)
+        ready = ready_at[piece]
+        t = seconds.get(nbytes)
+        if t is None:
+            t = seconds[nbytes] = allreduce_s(nbytes)
         comm_total += t
         end = max(ready, end) + t
     slowest = max(compute)

@@ -98,6 +98,24 @@ def _seconds_per_sample(view: ClusterView) -> List[float]:
     return [(p.fwd_s + p.bwd_s) / p.micro_batch for p in view.profiles]
 
 
+MAX_DROP_CANDIDATES = 32
+
+
+def _drop_counts(per_sample: Sequence[float], by_speed: Sequence[int]) -> List[int]:
+    """How many of the slowest ranks to try leaving out of the compute (they still reduce): every count
+    on a small cluster; on a large one only whole speed classes (a step of more than 2 % in seconds per
+    sample), at most MAX_DROP_CANDIDATES of them evenly spaced -- a 1,024-rank cluster of three kinds
+    needs 2 tries, not 1,023 (each costs a step estimate per bucket size)."""
+    world = len(by_speed)
+    if world <= 16:
+        return list(range(1, world))
+    cuts = [k for k in range(1, world)
+            if per_sample[by_speed[k - 1]] > 1.02 * per_sample[by_speed[k]]]
+    if len(cuts) > MAX_DROP_CANDIDATES:
+        cuts = [cuts[round(i * (len(cuts) - 1) / (MAX_DROP_CANDIDATES - 1))] for i in range(MAX_DROP_CANDIDATES)]
+    return cuts
+
+
 def _share_candidates(view: ClusterView, global_batch: int, pinned: Optional[Sequence[float]]):
     if pinned is not None:
         yield "pinned shares", apportion(list(pinned), global_batch)
@@ -106,7 +124,7 @@ def _share_candidates(view: ClusterView, global_batch: int, pinned: Optional[Seq
     per_sample = _seconds_per_sample(view)
     yield "shares by measured speed", lpt_counts(per_sample, global_batch, [True] * world)
     by_speed = sorted(range(world), key=lambda r: -per_sample[r])  # slowest first
-    for dropped in range(1, world):
+    for dropped in _drop_counts(per_sample, by_speed):
         allowed = [r not in by_speed[:dropped] for r in range(world)]
         if sum(allowed) == 0 or global_batch < sum(allowed):
             break

@@ -156,7 +156,7 @@ def view_from_spec(spec: Union[ClusterSpec, str], config: Union[LlamaConfig, str
     ``DeviceFigures`` for kinds the table lacks or to replace its row; every kind needs figures for its
     link and HBM bandwidth (optimizer step), measured profile or not.
     """
-    spec = load_spec(spec)
+    spec = load_spec(spec, max_nodes=None)   # planned for, not emulated: any size
     if isinstance(config, str):
         from hcomm.models.configs import get_config
 
@@ -178,7 +178,9 @@ def view_from_spec(spec: Union[ClusterSpec, str], config: Union[LlamaConfig, str
             classes[key] = _slowed(base, r.speed)
             params = base.param_bytes / 4   # fp32 master weights
             optimizer[key] = ADAMW_STEP_BYTES * params / table[kind].hbm_bytes_per_s / r.speed
-        per_rank.append(classes[key])
+        shared = classes[key]   # one set of piece costs per class; the rank field is each rank's own (the
+        # pipeline planner tells stages apart by it), so each rank gets a shallow copy sharing the pieces
+        per_rank.append(shared if shared.rank == r.rank else dataclasses.replace(shared, rank=r.rank))
         optimizer_s.append(optimizer[key])
 
     islands = spec.islands

@@ -21,11 +21,13 @@ and micro-batch count for those cuts.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from hcomm.parallel.pipeline.partition import (ScheduleChoice, choose_schedule, evaluate, parameter_cuts,
-                                               uniform_cuts)
+from hcomm.parallel.pipeline.partition import (MAX_NODES, MAX_ORDER_DEVICES, ScheduleChoice, choose_schedule,
+                                               evaluate, micro_batch_counts, parameter_cuts, uniform_cuts)
 from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, step_time
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
 
@@ -33,14 +35,51 @@ SPLITS = ("auto", "uniform", "parameters")
 MAX_MICRO_BATCHES = 16
 
 
+@dataclass(frozen=True)
+class Effort:
+    """How hard the partition search works per (schedule, micro-batch count).  The defaults are exact on
+    the pipelines a live job runs; the joint search over a large cluster lowers them (``partition``
+    then reports ``exact=False`` and the gap it could not close).  Pipelines longer than
+    ``MAX_ORDER_DEVICES`` keep their replica's device order (the order search is exhaustive)."""
+    max_micro_batches: int = MAX_MICRO_BATCHES
+    max_nodes: int = MAX_NODES
+    schedules: Tuple[str, ...] = tuple(SCHEDULES)
+    most_counts: int = 0   # > 0: only this many micro-batch counts, the largest (fewest bubbles, least memory)
+    bound_only: bool = False   # rank partitions by their proven lower bound, simulate only the best
+    follow_leader: bool = False   # other replicas take the leader's device order by class (no order search)
+    refine_rows: bool = True      # predict again with rows inverse to each replica's predicted time per row
+
+    def counts(self, rows: int, stages: int) -> Optional[List[int]]:
+        if not self.most_counts:
+            return None
+        every = micro_batch_counts(rows, self.max_micro_batches)
+        deep = [m for m in every if m >= stages] or every
+        return deep[-self.most_counts:]
+
+
+EXACT = Effort()
+
+
 def boundary_bytes(dim: int, seq_len: int, element_bytes: int = 4) -> int:
     """Bytes per sample crossing a stage boundary: one hidden state per token (fp32)."""
     return dim * seq_len * element_bytes
 
 
+_SECONDS: Dict[int, Tuple[list, float]] = {}   # id(profile.layers) -> (the list, its fwd + bwd seconds)
+
+
+def model_seconds(profile) -> float:
+    """Forward + backward seconds of the whole model at the profile's micro-batch.  Cached per piece
+    list: a large cluster shares one list per device class, and the planners ask once per rank."""
+    hit = _SECONDS.get(id(profile.layers))
+    if hit is None or hit[0] is not profile.layers:   # (keeping the list alive keeps its id unique)
+        hit = _SECONDS[id(profile.layers)] = (profile.layers, sum(c.fwd_s + c.bwd_s for c in profile.layers))
+    return hit[1]
+
+
 def rank_speed(profile) -> float:
     """Samples per second of forward and backward of the whole model on this rank."""
-    return profile.micro_batch / max(1e-12, sum(c.fwd_s + c.bwd_s for c in profile.layers))
+    return profile.micro_batch / max(1e-12, model_seconds(profile))
 
 
 def replica_groupings(view, stages: int, split: str) -> List[Tuple[str, List[List[int]]]]:
@@ -78,7 +117,7 @@ class _Replica:
 
 def plan_pipeline(view, global_batch: int, seq_len: int, *, stages: int, boundary: int, split: str = "auto",
                   schedule: Optional[str] = None, micro_batches: Optional[int] = None, name: str = "",
-                  bucket_bytes: Optional[int] = None, compression: str = "none") -> Plan:
+                  bucket_bytes: Optional[int] = None, compression: str = "none", effort: Effort = EXACT) -> Plan:
     """The pipeline plan for ``stages`` stages per replica (see the module docstring)."""
     if split not in SPLITS:
         raise ValueError(f"pipeline split must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -93,7 +132,7 @@ def plan_pipeline(view, global_batch: int, seq_len: int, *, stages: int, boundar
         if micro_batches is not None and global_batch % micro_batches:
             raise ValueError(f"--microbatches {micro_batches} does not divide --global-batch {global_batch}")
         trials.append((label, *_plan_grouping(view, replicas, global_batch, boundary, split, schedule,
-                                              micro_batches)))
+                                              micro_batches, effort)))
     trials.sort(key=lambda t: t[1])
     label, step_s, replicas, choice, sync_s, opt_s = trials[0]
     plan = _to_plan(view, replicas, choice, global_batch, seq_len, name or split, bucket_bytes)
@@ -135,7 +174,7 @@ def balanced_ideal_s(view, order: Sequence[int], part) -> float:
 
 
 def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary: int, split: str,
-                   schedule: Optional[str], micro_batches: Optional[int]):
+                   schedule: Optional[str], micro_batches: Optional[int], effort: Effort = EXACT):
     """(step seconds, replicas, the leader's ScheduleChoice, sync seconds, optimizer seconds) of one grouping."""
     unit = micro_batches or 1
     if split == "auto":
@@ -144,8 +183,8 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
         weights = [1.0] * len(replicas)
     rows = [n * unit for n in apportion(weights, global_batch // unit)]
     best = None
-    for _ in range(2 if split == "auto" and len(replicas) > 1 else 1):
-        result = _predict(view, replicas, rows, boundary, split, schedule, micro_batches)
+    for _ in range(2 if split == "auto" and len(replicas) > 1 and effort.refine_rows else 1):
+        result = _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort)
         if best is None or result[0] < best[0]:
             best = result
         # rows inverse to the predicted time per row, then predict again
@@ -155,19 +194,23 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
     return best
 
 
-def _predict(view, replicas, rows, boundary, split, schedule, micro_batches):
+def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort: Effort = EXACT):
     kw = dict(boundary_bytes=boundary, link_s=view.p2p_s)
     leader = max(range(len(replicas)), key=lambda i: rows[i])
     profiles = [view.profiles[r] for r in replicas[leader]]
     stages = len(replicas[leader])
     choice = None
     if split == "auto":
+        order = list(range(stages)) if stages > MAX_ORDER_DEVICES else None
         if micro_batches is None:
-            choice = choose_schedule(profiles, global_batch=rows[leader], max_micro_batches=MAX_MICRO_BATCHES,
-                                     schedules=[schedule] if schedule else SCHEDULES, **kw)
+            choice = choose_schedule(profiles, global_batch=rows[leader], max_micro_batches=effort.max_micro_batches,
+                                     schedules=[schedule] if schedule else effort.schedules, order=order,
+                                     max_nodes=effort.max_nodes, counts=effort.counts(rows[leader], stages),
+                                     bound_only=effort.bound_only, **kw)
             lead = choice.best
         else:
-            lead = _pinned_partition(profiles, rows[leader], micro_batches, schedule, **kw)
+            lead = _pinned_partition(profiles, rows[leader], micro_batches, schedule, order=order,
+                                     max_nodes=effort.max_nodes, **kw)
         cuts = lead.cuts
     else:
         sched = schedule or "1f1b"
@@ -177,12 +220,16 @@ def _predict(view, replicas, rows, boundary, split, schedule, micro_batches):
             parameter_cuts([c.param_bytes for c in profiles[0].layers], stages * v)
         lead = None
     out = []
+    memo: Dict[tuple, tuple] = {}   # replicas of the same device classes share their best order
     for i, ranks in enumerate(replicas):
         if rows[i] == 0:
             out.append(_Replica(ranks, 0, None, list(ranks)))
             continue
-        fixed_order = split != "auto"
-        part = _best_for_cuts(view, ranks, rows[i], cuts, lead, schedule, micro_batches, fixed_order, **kw)
+        fixed_order = split != "auto" or len(ranks) > MAX_ORDER_DEVICES
+        if effort.follow_leader and lead is not None:   # at scale: the leader's device order, by class
+            ranks, fixed_order = _like(view, ranks, [view.profiles[r] for r in lead.ranks]), True
+        part = _best_for_cuts(view, ranks, rows[i], cuts, lead, schedule, micro_batches, fixed_order, memo=memo,
+                              **kw)
         out.append(_Replica(ranks, rows[i], part, [ranks[d] for d in _order_of(part, ranks, view)]))
     if split != "auto" and not all(r.part is None or r.part.fits for r in out):
         bad = next(r for r in out if r.part is not None and not r.part.fits)
@@ -193,6 +240,31 @@ def _predict(view, replicas, rows, boundary, split, schedule, micro_batches):
     opt_s = _optimizer_s(view, out)
     step = max(r.step_s for r in out) + sync_s + opt_s
     return step, out, choice, sync_s, opt_s
+
+
+def replica_key(view, ranks: Sequence[int]) -> tuple:
+    """What a replica's prediction depends on besides cuts, rows and schedule: its devices' piece costs,
+    budgets and islands, position by position (replicas of one key predict the same, other ranks)."""
+    return (tuple(id(view.profiles[r].layers) for r in ranks),
+            tuple(view.profiles[r].memory_budget_bytes for r in ranks), tuple(view.island_of(r) for r in ranks))
+
+
+def moved(old_ranks: Sequence[int], part, ranks: Sequence[int]):
+    """``part`` (predicted for ``old_ranks``) for ``ranks`` of the same ``replica_key``."""
+    where = {r: i for i, r in enumerate(old_ranks)}
+    return dataclasses.replace(part, stages=[dataclasses.replace(st, rank=ranks[where[st.rank]])
+                                             for st in part.stages])
+
+
+def _like(view, ranks: List[int], pattern: Sequence) -> List[int]:
+    """``ranks`` in the order of ``pattern``'s device classes (a rank of the same piece costs where there
+    is one, the others after in their order)."""
+    pool: Dict[int, List[int]] = {}
+    for r in ranks:
+        pool.setdefault(id(view.profiles[r].layers), []).append(r)
+    placed = [pool[id(p.layers)].pop(0) if pool.get(id(p.layers)) else None for p in pattern]
+    rest = [r for r in ranks if r not in placed]
+    return [r if r is not None else rest.pop(0) for r in placed]
 
 
 def _pinned_partition(profiles, rows: int, m: int, schedule: Optional[str], **kw):
@@ -211,10 +283,15 @@ def _pinned_partition(profiles, rows: int, m: int, schedule: Optional[str], **kw
     return min(found, key=lambda p: p.step_s)
 
 
-def _best_for_cuts(view, ranks, rows, cuts, lead, schedule, micro_batches, fixed_order, **kw):
+def _best_for_cuts(view, ranks, rows, cuts, lead, schedule, micro_batches, fixed_order, memo=None, **kw):
     """The best device order and micro-batch count of one replica for fixed cuts (evaluated exhaustively:
-    at most 8! orders, pipelines are short)."""
+    at most 8! orders, and orders that only swap devices of one class count once).  ``memo``: replicas
+    of the same classes and rows take the order found for the first."""
     profiles = [view.profiles[r] for r in ranks]
+    classes = tuple(id(p.layers) for p in profiles)
+    key = (replica_key(view, ranks), rows, fixed_order)
+    if memo is not None and key in memo:
+        return moved(*memo[key], ranks)
     sched = lead.schedule if lead is not None else (schedule or "1f1b")
     v = lead.virtual_stages if lead is not None else (2 if sched == "interleaved-1f1b" else 1)
     if micro_batches:
@@ -222,10 +299,18 @@ def _best_for_cuts(view, ranks, rows, cuts, lead, schedule, micro_batches, fixed
     elif lead is not None and rows % lead.micro_batches == 0:
         counts = [lead.micro_batches]
     else:
-        counts = [m for m in range(1, min(rows, MAX_MICRO_BATCHES) + 1) if rows % m == 0]
+        counts = micro_batch_counts(rows, MAX_MICRO_BATCHES)
         if lead is None:   # the baselines: Megatron's advice, at least as many micro-batches as stages
             counts = [max(counts, key=lambda m: (m <= 4 * len(ranks), m))]
-    orders = [list(range(len(ranks)))] if fixed_order else list(itertools.permutations(range(len(ranks))))
+    if fixed_order:
+        orders = [list(range(len(ranks)))]
+    else:
+        seen, orders = set(), []
+        for order in itertools.permutations(range(len(ranks))):
+            sequence = tuple(classes[i] for i in order)
+            if sequence not in seen:
+                seen.add(sequence)
+                orders.append(list(order))
     best = None
     for m in counts:
         for order in orders:
@@ -240,6 +325,8 @@ def _best_for_cuts(view, ranks, rows, cuts, lead, schedule, micro_batches, fixed
     if best is None:
         raise ValueError(f"pipeline replica {ranks}: no device order and micro-batch count fits memory with "
                          f"cuts {cuts}")
+    if memo is not None:
+        memo[key] = (list(ranks), best)
     return best
 
 

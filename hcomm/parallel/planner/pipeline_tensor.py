@@ -24,6 +24,25 @@ from hcomm.parallel.profile import DeviceProfile, LayerCost
 # forward and their input gradients backward; the head's input gradient is summed backward.
 ALLREDUCES = {"embed": (1, 0), "block": (2, 2), "norm": (0, 0), "head": (0, 1)}
 
+# Share of a block's saved activations every TP rank holds whole (without sequence parallelism): the
+# residual stream, norms and the inputs of the column-parallel projections -- 10 of the 34 bytes per
+# token and hidden unit in Korthikanti et al. 2022 ("Reducing Activation Recomputation", table 2);
+# the other 24 (attention and MLP intermediates) split with the heads and features.
+REPLICATED_ACTIVATIONS = 10 / 34
+
+
+def activation_scale(fractions: Sequence[float]) -> float:
+    """The factor on a piece's whole activations that makes the group's memory check safe for every
+    member: member k holds (r + (1 - r) f_k) of them and is checked as f_k of the group's."""
+    r = REPLICATED_ACTIVATIONS
+    return max((r + (1 - r) * f) / f for f in fractions)
+
+
+def member_activation_share(fractions: Sequence[float], k: int) -> float:
+    """Member k's activations as a share of what the group profile counts."""
+    r = REPLICATED_ACTIVATIONS
+    return (r + (1 - r) * fractions[k]) / activation_scale(fractions)
+
 
 def _kind(index: int, n_pieces: int) -> str:
     return "embed" if index == 0 else "head" if index == n_pieces - 1 else "norm" if index == n_pieces - 2 \
@@ -33,8 +52,8 @@ def _kind(index: int, n_pieces: int) -> str:
 def group_profile(view, group: Sequence[int], fractions: Sequence[float], index: int, seq_len: int,
                   dim: int) -> DeviceProfile:
     """One TP group as a device: per piece, the slowest member's share plus the piece's all-reduces (of
-    micro_batch x seq x dim fp32); memory: the state is split by the fractions, the activations are
-    counted whole on the member with the smallest fraction (conservative, as ``tensor.memory_capped``)."""
+    micro_batch x seq x dim fp32); memory: the budget is the tightest member's over its fraction, the
+    activations scaled so that each member's own share fits it (``activation_scale``)."""
     profiles = [view.profiles[r] for r in group]
     mb = profiles[0].micro_batch
     islands = {view.island_of(r) for r in group}
@@ -50,7 +69,7 @@ def group_profile(view, group: Sequence[int], fractions: Sequence[float], index:
             fwd_s=max(c.fwd_at(mb, m) * f for (c, m), f in zip(cost, fractions)) + fwd_n * full,
             bwd_s=max(c.bwd_at(mb, m) * f for (c, m), f in zip(cost, fractions)) + bwd_n * full,
             param_bytes=base.param_bytes, grad_bytes=base.grad_bytes, optim_bytes=base.optim_bytes,
-            act_bytes_per_sample=int(base.act_bytes_per_sample / min(fractions)),
+            act_bytes_per_sample=int(base.act_bytes_per_sample * activation_scale(fractions)),
             # launches do not shrink with the shard; an all-reduce's latency does not shrink with the rows
             fwd_fixed_s=max(c.fwd_fixed_s for c, _ in cost) + fwd_n * small,
             bwd_fixed_s=max(c.bwd_fixed_s for c, _ in cost) + bwd_n * small))
@@ -75,7 +94,7 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
     return ClusterView(
         devices=["+".join(view.devices[r] for r in g) for g in groups],
         islands=[islands[k] for k in keep],
-        profiles=[group_profile(view, g, f, i, seq_len, dim) for i, (g, f) in enumerate(zip(groups, fractions))],
+        profiles=_group_profiles(view, groups, fractions, seq_len, dim),
         allreduce_s=scaled(view.allreduce_s),
         island_allreduce_s=[scaled(view.island_allreduce_s[k]) for k in keep],
         optimizer_s=[max(view.optimizer_s[r] * x for r, x in zip(g, f)) for g, f in zip(groups, fractions)],
@@ -84,9 +103,25 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
         links=dict(view.links))
 
 
+def _group_profiles(view, groups, fractions, seq_len: int, dim: int) -> List[DeviceProfile]:
+    """``group_profile`` of every group, computed once per (member classes, fractions, island): a large
+    cluster has thousands of groups of a few kinds."""
+    import dataclasses
+
+    done = {}
+    out = []
+    for i, (g, f) in enumerate(zip(groups, fractions)):
+        key = (tuple(id(view.profiles[r].layers) for r in g), tuple(f), view.island_of(g[0]))
+        if key not in done:
+            done[key] = group_profile(view, g, f, i, seq_len, dim)
+        out.append(dataclasses.replace(done[key], rank=i, source=f"TP group of {list(g)}"))
+    return out
+
+
 def plan_pipeline_tensor(view, global_batch: int, seq_len: int, *, stages: int, tp: int, dim: int, boundary: int,
                          split: str = "auto", schedule: Optional[str] = None, micro_batches: Optional[int] = None,
-                         name: str = "", bucket_bytes: Optional[int] = None, compression: str = "none") -> Plan:
+                         name: str = "", bucket_bytes: Optional[int] = None, compression: str = "none",
+                         effort=None) -> Plan:
     """``stages`` stages per replica, each a TP group of ``tp`` ranks (see the module docstring);
     ``split`` "uniform": equal fractions and Megatron's pipeline split (the baseline)."""
     if split not in ("auto", "uniform"):
@@ -99,9 +134,10 @@ def plan_pipeline_tensor(view, global_batch: int, seq_len: int, *, stages: int, 
     grouped = group_view(view, groups, [fractions] * len(groups), seq_len, dim)
     inner = plan_pipeline(grouped, global_batch, seq_len, stages=stages, boundary=boundary, split=split,
                           schedule=schedule, micro_batches=micro_batches, name=name or split,
-                          bucket_bytes=bucket_bytes, compression=compression)
+                          bucket_bytes=bucket_bytes, compression=compression, **({"effort": effort} if effort else {}))
     plan = expand(inner, groups, fractions, view)
-    plan.notes = [f"pipeline of TP groups ({split}): {len(groups)} TP group(s) of {tp} ({groups}), fractions "
+    shown = ", ".join(str(g) for g in groups[:4]) + (", ..." if len(groups) > 4 else "")
+    plan.notes = [f"pipeline of TP groups ({split}): {len(groups)} TP group(s) of {tp} ({shown}), fractions "
                   f"{fractions}; each group is one pipeline device below", *inner.notes]
     return plan
 

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from hcomm.parallel.planner.pipeline import Effort
 from hcomm.parallel.planner.simulate import Simulation, simulate
 
 
@@ -68,6 +69,20 @@ class SearchResult:
         return lines
 
 
+# Devices above which the pipeline search runs on a budget: 1F1B only, the largest micro-batch count
+# of at least as many micro-batches as stages, partitions ranked by their proven lower bound and only
+# the best simulated (a simulation costs ~20 ms for 32 stages x 128 micro-batches in Python), a node
+# budget per partition search, the other replicas in the leader's device order (by class), and rows by
+# throughput without a second prediction.
+LARGE = 16
+LARGE_EFFORT = Effort(max_nodes=300, schedules=("1f1b",), most_counts=1, bound_only=True, follow_leader=True,
+                      refine_rows=False)
+# Up to LARGE devices every schedule and the two deepest micro-batch counts are tried, but the partition
+# search per (schedule, count) stops after a few thousand nodes: the search plans ~15 shapes, and exact
+# interleaved partitions of a 34-piece model over 8 stages cost minutes each (2 M nodes measured).
+SMALL_EFFORT = Effort(max_nodes=5_000, most_counts=2)
+
+
 def _hourly(prices: Dict[str, float], devices: Sequence[str]) -> float:
     missing = sorted({d for d in devices if d not in prices})
     if missing:
@@ -97,6 +112,9 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
     from hcomm.parallel.planner.pipeline import boundary_bytes
 
     start = time.perf_counter()
+    # Beyond a few dozen devices the pipeline partition search gets a node budget per (schedule, M):
+    # every shape is still planned, and a partition that is not proven optimal says by how much at most.
+    effort = SMALL_EFFORT if view.world_size <= LARGE else LARGE_EFFORT
     n_pieces = len(view.profiles[0].layers)
     boundary = boundary_bytes(dim, seq_len)
     candidates: List[Candidate] = []
@@ -105,7 +123,7 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
         try:
             plan = build()
         except (ValueError, AssertionError) as error:   # the builder's own refusal: kept, with its words
-            candidates.append(Candidate(label, why_not=str(error).splitlines()[0][:160]))
+            candidates.append(Candidate(label, why_not=str(error).splitlines()[0][:300]))
             return
         sim = simulate(plan, view, dim=dim)
         over = sim.over_budget()
@@ -121,7 +139,8 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
             from hcomm.parallel.planner.pipeline import plan_pipeline
 
             attempt(f"pp={pp}", lambda pp=pp: plan_pipeline(view, global_batch, seq_len, stages=pp,
-                                                            boundary=boundary, name=f"search pp={pp}"))
+                                                            boundary=boundary, name=f"search pp={pp}",
+                                                            effort=effort))
         elif pp == 1:
             from hcomm.parallel.planner.tensor import plan_tensor
 
@@ -132,7 +151,7 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
 
             attempt(f"pp={pp} tp={tp}", lambda pp=pp, tp=tp: plan_pipeline_tensor(
                 view, global_batch, seq_len, stages=pp, tp=tp, dim=dim, boundary=boundary,
-                name=f"search pp={pp} tp={tp}"))
+                name=f"search pp={pp} tp={tp}", effort=effort))
     hourly = _hourly(prices, view.devices) if prices else 1.0
     candidates.sort(key=lambda c: (not c.usable, c.sim is None, c.step_s * hourly))
     if not candidates or not candidates[0].usable:

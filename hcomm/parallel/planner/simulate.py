@@ -115,9 +115,10 @@ def _tensor_memory(plan, view) -> List[int]:
     """A rank holds its fraction of the training state and (conservatively, as the planner's memory
     cap) its group's activations whole."""
     counts = plan.batch_counts()
+    leaders = plan.rows_leaders()
     out = []
     for r, p in zip(plan.ranks, view.profiles):
-        rows = counts[plan.rows_leader(r.rank)]
+        rows = counts[leaders[r.rank]]
         out.append(int(p.state_bytes() * r.tp_fraction) + p.activation_bytes(min(r.micro_batch or rows, rows)))
     return out
 
@@ -127,16 +128,23 @@ def _tensor_memory(plan, view) -> List[int]:
 def _replicas(plan, view, pipes, dim: int):
     """Each pipeline's prediction (``pipeline._Replica``) from its ranks in order, cuts and schedule."""
     from hcomm.parallel.pipeline.partition import evaluate
-    from hcomm.parallel.planner.pipeline import _Replica, boundary_bytes
+    from hcomm.parallel.planner.pipeline import _Replica, boundary_bytes, moved, replica_key
 
     out = []
+    done = {}   # thousands of replicas of a few device patterns: each pattern simulated once
     for ranks, rows, g in pipes:
         if rows == 0:
             out.append(_Replica(list(ranks), 0, None, list(ranks)))
             continue
-        part = evaluate([view.profiles[r] for r in ranks], g.cuts, micro_batches=g.micro_batches,
-                        micro_batch=rows // g.micro_batches, schedule=g.schedule, virtual_stages=g.virtual_stages,
-                        boundary_bytes=boundary_bytes(dim, plan.seq_len), link_s=view.p2p_s)
+        key = (replica_key(view, ranks), rows, tuple(g.cuts), g.micro_batches, g.schedule, g.virtual_stages)
+        if key in done:
+            part = moved(*done[key], ranks)
+        else:
+            part = evaluate([view.profiles[r] for r in ranks], g.cuts, micro_batches=g.micro_batches,
+                            micro_batch=rows // g.micro_batches, schedule=g.schedule,
+                            virtual_stages=g.virtual_stages, boundary_bytes=boundary_bytes(dim, plan.seq_len),
+                            link_s=view.p2p_s)
+            done[key] = (list(ranks), part)
         out.append(_Replica(list(ranks), rows, part, list(ranks)))
     return out
 
@@ -168,7 +176,8 @@ def _stage_memory(replicas, members_of, world: int) -> List[int]:
 
 def _pipelines(plan, view, dim: int):
     counts = plan.batch_counts()
-    pipes = [(g.ranks, counts[plan.rows_leader(g.ranks[0])], g) for g in plan.pipeline_groups()]
+    leaders = plan.rows_leaders()
+    pipes = [(g.ranks, counts[leaders[g.ranks[0]]], g) for g in plan.pipeline_groups()]
     replicas = _replicas(plan, view, pipes, dim)
     step, account = _pipeline_totals(view, replicas)
     return step, _stage_memory(replicas, lambda r: [(r, 1.0, 1.0)], plan.world_size), account
@@ -176,22 +185,24 @@ def _pipelines(plan, view, dim: int):
 
 def _pipeline_tensor(plan, view, dim: int):
     """Each TP group as one device; the pipelines of TP position 0 stand for their replicas."""
-    from hcomm.parallel.planner.pipeline_tensor import group_view
+    from hcomm.parallel.planner.pipeline_tensor import group_view, member_activation_share
 
     groups = plan.tensor_groups()
     index = {g.name: i for i, g in enumerate(groups)}
     fractions = [[plan.ranks[r].tp_fraction for r in g.ranks] for g in groups]
     grouped = group_view(view, [g.ranks for g in groups], fractions, plan.seq_len, dim)
     counts = plan.batch_counts()
+    leaders = plan.rows_leaders()
+    group_of = {r: g for g in groups for r in g.ranks}
     pipes = []
     for g in plan.pipeline_groups():
-        if plan.tensor_group_of(g.ranks[0]).ranks[0] != g.ranks[0]:
+        if group_of[g.ranks[0]].ranks[0] != g.ranks[0]:
             continue   # position k > 0: runs beside position 0 of its replica
-        pipes.append(([index[plan.tensor_group_of(r).name] for r in g.ranks], counts[plan.rows_leader(g.ranks[0])], g))
+        pipes.append(([index[group_of[r].name] for r in g.ranks], counts[leaders[g.ranks[0]]], g))
     replicas = _replicas(plan, grouped, pipes, dim)
     step, account = _pipeline_totals(grouped, replicas)
 
-    def members(i):   # the group profile counts activations / min fraction: each member holds them whole
-        least = min(fractions[i])
-        return [(r, f, least) for r, f in zip(groups[i].ranks, fractions[i])]
+    def members(i):   # the group profile scales activations up (activation_scale): each member's share
+        return [(r, f, member_activation_share(fractions[i], k)) for k, (r, f) in
+                enumerate(zip(groups[i].ranks, fractions[i]))]
     return step, _stage_memory(replicas, members, plan.world_size), account

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
-from hcomm.parallel.planner.pipeline import rank_speed
+from hcomm.parallel.planner.pipeline import model_seconds, rank_speed
 
 SPLITS = ("auto", "uniform")
 
@@ -153,7 +153,8 @@ def memory_capped(view, groups: List[List[int]], fractions: Sequence[float], row
 def _group_seconds(view, group: Sequence[int], fractions: Sequence[float], rows: int, seq_len: int, dim: int,
                    n_layers: int) -> Tuple[float, float, float]:
     """(seconds per row of the slowest member, compute seconds, TP all-reduce seconds) of one group."""
-    compute = [view.profiles[r].compute_s(rows) * f for r, f in zip(group, fractions)]
+    compute = [model_seconds(view.profiles[r]) * rows / view.profiles[r].micro_batch * f
+               for r, f in zip(group, fractions)]
     nbytes = rows * seq_len * dim * 4
     island = {view.island_of(r) for r in group}
     allreduce = view.island_allreduce_s[island.pop()] if len(island) == 1 else view.allreduce_s

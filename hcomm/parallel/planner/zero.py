@@ -171,12 +171,14 @@ def _shard(plan, view, stage: int, base: str, layout: str, prefetch: int) -> Non
         for members in groups:
             fractions = memory_fractions(view.profiles, stage=stage, micro_samples=in_flight, prefetch=prefetch,
                                          members=members)
+            # rounded for a readable plan, to enough digits that the rounding of thousands of shards
+            # stays far below any one of them; the remainder goes to the largest shard (exact sum)
+            digits = 6 + max(0, math.ceil(math.log10(len(members) / 100)))
             for r, f in zip(members, fractions):
-                plan.ranks[r].shard_fraction = round(f, 6)
-            # exact sum after rounding: the remainder goes to the largest shard
+                plan.ranks[r].shard_fraction = round(f, digits)
             largest = max(members, key=lambda r: plan.ranks[r].shard_fraction)
             plan.ranks[largest].shard_fraction = round(
-                1.0 - sum(plan.ranks[r].shard_fraction for r in members if r != largest), 9)
+                1.0 - sum(plan.ranks[r].shard_fraction for r in members if r != largest), digits + 3)
         if layout == "island":   # the island layout all-reduces shards position by position
             _align_positions(plan, view)
         plan.notes.append(f"ZeRO-{stage} ({layout}): shards sized by the memory left after activations: "
