@@ -158,6 +158,18 @@ class Cluster:
         # Measured correction: quotas do not buy work proportionally on a VM.
         self.cpu_plan = retune(self.run_id, self.cpu_plan, {r.rank: r.speed for r in self.spec.ranks})
 
+    def set_speed(self, rank: int, speed: float) -> None:
+        """Change a running rank's compute speed (a straggler appearing: throttling, a noisy neighbour):
+        its CPU quota is scaled from the one its spec speed got, so the calibration and the retune
+        carry over.  An unshaped cluster has no quota to change."""
+        if self.unshaped or self.cpu_plan is None:
+            raise EmulatorUnavailable("set_speed needs the emulated cluster's cgroups (this one is unshaped)")
+        if not speed > 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        base = next(r.speed for r in self.spec.ranks if r.rank == rank)
+        quota = max(1000, int(self.cpu_plan.quota_us[rank] * speed / base))
+        cgroups._write(os.path.join(cgroups.rank_path("cpu", self.run_id, rank), "cpu.cfs_quota_us"), quota)
+
     def _install_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return

@@ -235,16 +235,14 @@ def _check_group(g: Any, where: str, n_ranks: int) -> None:
         raise PlanError(f"{where}.sync_every: must be >= 1, got {g.sync_every}")
     if g.rebalance_after < 0:
         raise PlanError(f"{where}.rebalance_after: must be >= 0 (0 = never), got {g.rebalance_after}")
-    if g.rebalance_after and g.sync_every > 1:
-        raise PlanError(f"{where}.rebalance_after: re-splitting the batch is not supported with sync_every "
-                        f"{g.sync_every} (island weights would change between outer steps)")
     if not (math.isfinite(g.straggler_margin) and g.straggler_margin >= 0):
         raise PlanError(f"{where}.straggler_margin: must be >= 0 (0 = never re-plan), got {g.straggler_margin}")
     if g.straggler_patience < 1:
         raise PlanError(f"{where}.straggler_patience: must be >= 1, got {g.straggler_patience}")
-    if g.straggler_margin and g.sync_every > 1:
-        raise PlanError(f"{where}.straggler_margin: re-splitting the batch is not supported with sync_every "
-                        f"{g.sync_every} (island weights would change between outer steps)")
+    for key in ("rebalance_after", "straggler_margin"):
+        if getattr(g, key) and g.sync_every > 1:
+            raise PlanError(f"{where}.{key}: re-splitting the batch is not supported with sync_every "
+                            f"{g.sync_every} (island weights would change between outer steps)")
     if not (math.isfinite(g.outer_lr) and g.outer_lr > 0):
         raise PlanError(f"{where}.outer_lr: must be > 0, got {g.outer_lr}")
     if not 0 <= g.outer_momentum < 1:

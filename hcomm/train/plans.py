@@ -31,13 +31,15 @@ its activations and unsharded buffers; ``equal`` shards evenly.
 """
 from __future__ import annotations
 
+import copy
 import os
 from typing import Dict, List, Tuple
 
 from hcomm.parallel.planner.zero import apply_zero  # noqa: F401  (planning ZeRO lives with its cost model)
+from hcomm.train.trial import TRIAL_PLANS, distinct_kinds
 
-KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "straggler", "zero", "prefetch",
-        "pp", "split", "schedule", "microbatches", "precision", "tp", "sp")
+KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "straggler", "trial", "zero",
+        "prefetch", "pp", "split", "schedule", "microbatches", "precision", "tp", "sp")
 PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp", "sp")
 
 
@@ -53,12 +55,14 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
             raise ValueError(f"--plan {entry}: {pin!r} is not KEY=VALUE with KEY one of {', '.join(KEYS)}")
         out[key] = value
     if set(out) - {"zero", *PIPELINE_KEYS} and base not in ("auto", "equal"):
-        if not (base == "search" and set(out) <= {"precision"}):
+        if not (base == "search" and set(out) <= {"precision", "trial"}):
             raise ValueError(f"--plan {entry}: pins other than zero and the pipeline's apply to auto and equal only"
-                             + ("; search chooses every dimension (it takes @precision only)" if base == "search"
-                                else ""))
-    if base == "search" and set(out) - {"precision"}:
-        raise ValueError(f"--plan {entry}: search chooses every dimension (it takes @precision only)")
+                             + ("; search chooses every dimension (it takes @precision and @trial only)"
+                                if base == "search" else ""))
+    if base == "search" and set(out) - {"precision", "trial"}:
+        raise ValueError(f"--plan {entry}: search chooses every dimension (it takes @precision and @trial only)")
+    if "trial" in out and not out["trial"].isdigit():
+        raise ValueError(f"--plan {entry}: trial must be a number of plans to measure (0 = none), got {out['trial']!r}")
     for key in ("pp", "microbatches", "tp"):
         if key in out and not (out[key].isdigit() and int(out[key]) >= 1):
             raise ValueError(f"--plan {entry}: {key} must be a positive integer, got {out[key]!r}")
@@ -119,7 +123,7 @@ def make_plans(args, view) -> List:
         base, pins = parse_entry(entry)
         tp = int(pins.get("tp", getattr(args, "tp", 1)))
         if base == "search":
-            plan = searched_plan(args, view, entry)
+            plan = searched_plan(args, view, entry, int(pins.get("trial", TRIAL_PLANS)))
         elif base in ("auto", "equal", "uniform") and tp > 1 and _pipeline_stages(args, pins) > 1:
             plan = pipeline_tensor_plan(args, view, entry, base, pins)
         elif base in ("auto", "equal", "uniform") and tp > 1:
@@ -130,12 +134,18 @@ def make_plans(args, view) -> List:
             plan = _data_plan(args, view, entry, base, pins)
         if base in ("auto", "equal", "search"):
             apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
+        if plan.predicted_step_s is None:   # the baselines and plan files: the same simulator predicts them
+            from hcomm.parallel.planner.simulate import simulate
+
+            plan.predicted_step_s = simulate(plan, view).step_s
         plans.append(plan)
     return plans
 
 
-def searched_plan(args, view, entry: str):
-    """The joint search's winner (``hcomm.parallel.planner.search``), its table of runners-up in the notes."""
+def searched_plan(args, view, entry: str, trial: int = 0):
+    """The joint search's winner (``hcomm.parallel.planner.search``), its table of runners-up in the notes;
+    with ``trial`` > 1 the best predicted plans of distinct kinds ride along as ``plan.trial_plans`` (the
+    worker measures them and trains the fastest: ``hcomm.train.trial``)."""
     from hcomm.models import get_config
     from hcomm.parallel.planner.search import search
 
@@ -149,6 +159,14 @@ def searched_plan(args, view, entry: str):
         _note_shards(plan, view, config)
     plan.notes = [*result.notes, "candidates (-> chosen):",
                   *result.table(args.global_batch * args.seq_len), *plan.notes]
+    plan.trial_plans = []
+    if trial > 1:
+        for c in distinct_kinds(result.candidates, trial):
+            candidate = copy.deepcopy(c.plan)   # the winner itself is among them
+            candidate.name, candidate.predicted_step_s = f"{entry} -> {c.label}", c.sim.step_s
+            if candidate.tensor_groups() and c.plan is not plan:   # (the winner has its shard note)
+                _note_shards(candidate, view, config)
+            plan.trial_plans.append(candidate)
     return plan
 
 

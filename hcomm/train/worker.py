@@ -11,6 +11,7 @@ rank, before the first step.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import sys
 import time
@@ -154,12 +155,39 @@ def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, wor
 
 
 def plans_for(args, view, rank: int) -> List:
-    """The plans to run, made on rank 0 and sent to all (every rank then validates its copy)."""
+    """The plans to run, made on rank 0 and sent to all (every rank then validates its copy); a searched
+    plan's trial candidates travel with it (``plan.trial_plans``)."""
     from hcomm.parallel.plan import Plan
     from hcomm.train.plans import make_plans
 
-    texts = _on_rank0(lambda: [p.to_yaml() for p in make_plans(args, view)], rank)
-    return [Plan.from_yaml(t).validate(view.world_size) for t in texts]
+    texts = _on_rank0(lambda: [(p.to_yaml(), [t.to_yaml() for t in getattr(p, "trial_plans", [])])
+                               for p in make_plans(args, view)], rank)
+    plans = []
+    for text, trials in texts:
+        plan = Plan.from_yaml(text).validate(view.world_size)
+        plan.trial_plans = [Plan.from_yaml(t).validate(view.world_size) for t in trials]
+        plans.append(plan)
+    return plans
+
+
+def settle_trials(args, plans: List, vocab_size: int, groups, train_tokens, rank: int) -> List:
+    """Each searched plan with trial candidates becomes the fastest of them measured (``trial.choose``),
+    under the search entry's name, its notes saying what was measured."""
+    from hcomm.train.trial import choose
+
+    out = []
+    for plan in plans:
+        if len(plan.trial_plans) > 1:
+            best, measured = choose(args, plan.trial_plans, lambda: build(args, vocab_size)[0], groups,
+                                    train_tokens, rank)
+            winner = plan.trial_plans[best]
+            winner.notes = [f"trial ({len(measured)} plans x a few steps), measured vs predicted ms per step: "
+                            + "; ".join(f"{p.name.split('-> ')[-1]} {m * 1e3:.0f} vs {p.predicted_step_s * 1e3:.0f}"
+                                        for p, m in zip(plan.trial_plans, measured)), *winner.notes]
+            winner.name = plan.name
+            plan = winner
+        out.append(plan)
+    return out
 
 
 def save_plans(plans: List, path: str) -> None:
@@ -198,6 +226,9 @@ def run(args) -> int:
 
             print(format_profiles(view.profiles), flush=True)
         plans = plans_for(args, view, rank)
+        del model   # (the profiled copy: trials and plans build their own)
+        if not args.print_plan_only:
+            plans = settle_trials(args, plans, data.vocab_size, groups, train_tokens, rank)
         if args.save_plan and rank == 0:
             save_plans(plans, args.save_plan)
         if args.picture and rank == 0:
@@ -205,7 +236,6 @@ def run(args) -> int:
 
             draw(args.picture, plans, view.profiles[0].layers)
             print(f"hcomm train: wrote {args.picture} (which device does what in each plan)", flush=True)
-        del model
         if args.print_plan_only:
             for plan in plans:
                 _log(rank, f"plan '{plan.name}':\n{plan}")
@@ -216,6 +246,7 @@ def run(args) -> int:
             model, _ = build(args, data.vocab_size)
             results.append(train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank, world))
             del model
+            gc.collect()   # the plan's hooks hold its model in cycles; a small-memory rank needs it back
         if rank == 0:
             report(args, plans, results, view, data, n_params)
         dist.barrier()

@@ -5,7 +5,8 @@ ranks fewer samples than the A100 ranks (measured, not told), train, and
 agree with the uniform baseline's losses; a rank whose memory cannot hold
 the model must stop every rank before training with the rank and kind named;
 pipelines and tensor parallelism put more of the work on the faster rank,
-and per-device precision picks each emulated device kind's dtype.
+and per-device precision picks each emulated device kind's dtype; every plan the
+search trials runs there, and the one it trains keeps the baseline's losses.
 """
 import json
 import os
@@ -93,3 +94,20 @@ def test_tensor_parallel_shards_and_dtypes_follow_the_devices(emulator, tmp_path
     for a, u, m in zip(auto["steps"], uniform["steps"], mixed["steps"]):
         assert a["loss"] == pytest.approx(u["loss"], rel=1e-4)
         assert m["loss"] == pytest.approx(u["loss"], rel=2.0 ** -9) and not m["skipped"]
+
+
+def test_every_plan_the_search_trials_runs_on_the_emulator(emulator, tmp_path):
+    """mixed (4 ranks, two kinds, two islands): the search's best plans of distinct kinds each run four
+    steps on the emulated cluster (the trial), the fastest measured trains, and it trains the uniform
+    baseline's losses (fp32; TP and pipelines sum in another order: 1e-4)."""
+    out_json = tmp_path / "run.json"
+    out = _train(tmp_path, "--cluster", "mixed", *TINY, "--global-batch", "8", "--steps", "2",
+                 "--plan", "search,uniform", "--json", str(out_json))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    trial = [line for line in out.stdout.splitlines() if "trial of the search's best plans" in line]
+    assert len(trial) == 1 and trial[0].count(" vs ") >= 2, out.stdout[-3000:]
+    doc = json.loads(out_json.read_text())
+    searched, uniform = doc["runs"]
+    assert searched["plan"]["name"] == "search" and any(n.startswith("trial (") for n in searched["plan"]["notes"])
+    for a, u in zip(searched["steps"], uniform["steps"]):
+        assert a["loss"] == pytest.approx(u["loss"], rel=1e-4)

@@ -14,7 +14,8 @@ def _error(capsys, argv):
 
 def test_no_arguments_is_the_main_job():
     args = parse([])
-    assert args.plan == "auto,uniform"
+    assert args.plan == "search,uniform" and args.picture == "hcomm-plans.png"
+    assert parse(["--plan", "auto,uniform"]).picture is None
     assert (args.model, args.steps, args.global_batch, args.seq_len) == (
         MAIN_JOB["model"], MAIN_JOB["steps"], MAIN_JOB["global_batch"], MAIN_JOB["seq_len"])
 

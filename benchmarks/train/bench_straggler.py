@@ -1,0 +1,117 @@
+"""A straggler appears mid-run on the emulator: re-splitting on drift vs keeping the plan.
+
+On ``mixed`` (A100 x2 @1.0, V100 x2 @0.5) the auto plan trains twice in one run, with the straggler
+watch (``auto``: margin 0.3, 3 steps) and without it (``auto@straggler=0``); both re-split once after 3
+steps by measured compute, as the main job does.  When rank 0 prints step ``SLOW_AT`` of a plan, the
+launcher cuts rank 0's CPU quota to ``SLOW_SPEED`` of an A100 (``Cluster.set_speed``: a throttled or
+shared device); when a plan starts, rank 0 gets its speed back.  Measured per plan: step time before
+the slowdown, after it (from ``SLOW_AT + 5`` on: detection plus the re-split), the re-splits, and
+the losses (a re-split moves rows, not the global batch, so both runs' losses agree).
+
+Writes ``benchmarks/results/train-straggler-<date>.md`` (+ JSON and plot).  Needs root (emulator).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import threading
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+STEPS = 40
+SLOW_AT = 12          # progress lines come every STEPS // 10 steps: 1, 4, 8, 12, ...
+SLOW_RANK, SLOW_SPEED = 0, 0.25
+PLANS = "auto,auto@straggler=0"
+
+
+class Trigger:
+    """The launcher's output stream: echoes rank 0's lines and changes rank 0's speed on its progress."""
+
+    def __init__(self, cluster, log):
+        self.cluster, self.log, self.lock = cluster, log, threading.Lock()
+        self.events = []
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            self.log.append(line.rstrip("\n"))
+            if " r0] " in line:
+                sys.stdout.write(line)
+            m = re.search(r"step\s+(\d+)/" + str(STEPS), line)
+            if m and " r0] " in line:
+                step = int(m.group(1))
+                speed = SLOW_SPEED if step >= SLOW_AT else self.cluster.spec.ranks[SLOW_RANK].speed
+                self.cluster.set_speed(SLOW_RANK, speed)
+                if step in (1, SLOW_AT):
+                    self.events.append((step, speed))
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+def main() -> int:
+    from hcomm.emulate.cluster import Cluster
+    from hcomm.emulate.launch import run_on
+
+    date = datetime.date.today().isoformat()
+    stem = os.path.join(RESULTS, f"train-straggler-{date}")
+    argv = [sys.executable, "-m", "hcomm.train.worker", "--cluster", "mixed", "--model", "small", "--seq-len", "64",
+            "--global-batch", "24", "--steps", str(STEPS), "--plan", PLANS, "--json", stem + ".json",
+            "--plot", stem + ".png"]
+    log: list = []
+    with Cluster("mixed") as cluster:
+        trigger = Trigger(cluster, log)
+        code = run_on(cluster, argv, out=trigger)
+    if code != 0:
+        print("\n".join(log[-60:]), file=sys.stderr)
+        return code
+    with open(stem + ".json") as f:
+        doc = json.load(f)
+    write(doc, trigger.events, stem, date, log)
+    return 0
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def write(doc, events, stem: str, date: str, log) -> None:
+    runs = {r["plan"]["name"]: r for r in doc["runs"]}
+    lines = [f"# A straggler appears mid-run: re-split on drift vs keep the plan, {date}", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores; Python {platform.python_version()}, torch "
+             f"{doc['environment']['torch']}.  Produced by `benchmarks/train/bench_straggler.py` on the emulated "
+             f"`mixed` cluster (A100 x2 @1.0, V100 x2 @0.5), model small ({doc['model']['parameters'] / 1e6:.1f}M), "
+             f"{STEPS} steps x 24 x 64 tokens; plans `{PLANS}` in one run.  At step {SLOW_AT} of each plan rank "
+             f"{SLOW_RANK}'s CPU quota drops to {SLOW_SPEED} of an A100's.  JSON and plot: "
+             f"`{os.path.basename(stem)}.json/.png`.", "",
+             "| plan | ms/step before (steps 4-11) | ms/step after (steps 17-40) | slowdown | re-splits (after step: counts) "
+             "| loss, last quarter |", "|---|---|---|---|---|---|"]
+    after = {}
+    for name, run in runs.items():
+        secs = [s["seconds"] for s in run["steps"]]
+        before, late = _median(secs[3:SLOW_AT - 1]), _median(secs[SLOW_AT + 4:])
+        after[name] = late
+        splits = [f"{run['resplit'].get('after_steps')}: {run['resplit'].get('to')}"] if run.get("resplit") else []
+        splits += [f"{r['after_steps']}: {r['to']} (rank {r['drifted']} {', '.join(f'{d:+.0%}' for d in r['drift'])})"
+                   for r in run.get("replans", [])]
+        losses = [s["loss"] for s in run["steps"]]
+        tail = losses[-len(losses) // 4:]
+        lines.append(f"| {name} | {before * 1e3:.0f} | {late * 1e3:.0f} | {late / before:.2f}x | "
+                     f"{'; '.join(splits) or '-'} | {sum(tail) / len(tail):.4f} |")
+    if "auto" in after and "auto@straggler=0" in after:
+        lines += ["", f"- after the slowdown, re-splitting on drift runs **{after['auto@straggler=0'] / after['auto']:.2f}x** "
+                      f"the tokens/s of keeping the plan"]
+    lines += [f"- speed changes applied (progress step, speed of rank {SLOW_RANK}): {events}", "", "```",
+              *[line.split("] ", 1)[-1] for line in log if " r0] " in line][-16:], "```"]
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {stem}.md")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
