@@ -12,6 +12,11 @@ training; in training a rank's own communication threads share its device (on th
 quota), so the profile is off by a steady factor that is not drift (``train.loop`` re-splits once after
 the first steps for exactly that, and the watch starts after it).
 
+What it sees is each rank's forward + backward wall time.  On an oversubscribed CPU box a rank's
+communication threads polling for a slow peer can slow its own backward too (gradient buckets launch
+during backward), so there a fast rank can look slow as well; on accelerators the compute runs on the
+device and this does not arise.  The margin and patience keep one noisy step from re-splitting.
+
 ``StragglerWatch`` only decides; it holds no collective and no model, so it is tested alone.
 """
 from __future__ import annotations

@@ -21,6 +21,10 @@ def rank_labels(plan) -> List[str]:
     out = []
     for r, n in zip(plan.ranks, plan.samples_computed()):
         parts = [f"{n} samples", r.compute_dtype]
+        pipe = plan.pipeline_of(r.rank)
+        if pipe is not None:
+            parts[0] = (f"stage {pipe.ranks.index(r.rank) + 1}/{len(pipe.ranks)}, {n} samples in "
+                        f"{pipe.micro_batches} x {pipe.schedule}")
         if r.tp_fraction < 1.0:
             parts.append(f"TP {r.tp_fraction:.2f}")
         if r.zero_stage:
@@ -42,9 +46,9 @@ def spans(plan, rank: int, n_pieces: int) -> List[Tuple[int, int]]:
     return [(0, n_pieces)]
 
 
-def draw(path: str, plans: Sequence, pieces: Sequence) -> None:
+def draw(path: str, plans: Sequence, pieces: Sequence, islands: Sequence[str] = ()) -> None:
     """Write one PNG with a panel per plan; ``pieces``: the profile's pieces (``LayerCost``), embedding
-    to head, which the x axis names."""
+    to head, which the x axis names; ``islands``: each rank's island name (else the plan's)."""
     n_pieces = len(pieces)
     piece_names = [c.name for c in pieces]
     import matplotlib
@@ -71,7 +75,8 @@ def draw(path: str, plans: Sequence, pieces: Sequence) -> None:
         ax.set_ylim(plan.world_size - 0.5, -0.5)
         ax.set_xlim(0, n_pieces)
         ax.set_yticks(range(plan.world_size))
-        ax.set_yticklabels([f"r{r.rank} ({r.island or '-'})" for r in plan.ranks], fontsize=8)
+        ax.set_yticklabels([f"r{r.rank} ({(islands[r.rank] if r.rank < len(islands) else r.island) or '-'})"
+                            for r in plan.ranks], fontsize=8)
         title = f"plan '{plan.name}'"
         if plan.predicted_step_s is not None:
             title += f": predicted {plan.predicted_step_s * 1e3:.0f} ms per step"

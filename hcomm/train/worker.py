@@ -234,7 +234,8 @@ def run(args) -> int:
         if args.picture and rank == 0:
             from hcomm.train.plan_picture import draw
 
-            draw(args.picture, plans, view.profiles[0].layers)
+            draw(args.picture, plans, view.profiles[0].layers,
+                 [view.island_names[view.island_of(r)] for r in range(view.world_size)] if view.island_names else ())
             print(f"hcomm train: wrote {args.picture} (which device does what in each plan)", flush=True)
         if args.print_plan_only:
             for plan in plans:

@@ -20,13 +20,14 @@ def case_straggler(ctx, plan_yaml: str, steps: int, slow_rank: int, slow_from: i
     try:
         plan = Plan.from_yaml(plan_yaml)
         model = dp_cases.build()
-        forwards = {"n": 0}
+        seen = {"samples": 0}
+        per_step = plan.batch_counts()[slow_rank]
 
         def slow_down(module, inputs):
-            # one call per micro-batch forward; steps are counted by calls (one micro-batch per step here)
-            forwards["n"] += 1
-            if ctx.rank == slow_rank and forwards["n"] > slow_from:
+            # steps counted by the samples this rank has forwarded (micro-batches may split a step)
+            if ctx.rank == slow_rank and seen["samples"] >= slow_from * per_step:
                 time.sleep(sleep_per_sample * inputs[0].shape[0])
+            seen["samples"] += inputs[0].shape[0]
 
         model.blocks[0].register_forward_pre_hook(slow_down)
         g = torch.Generator().manual_seed(11)   # dp_cases.batches' tokens, so the reference sees the same rows
@@ -37,3 +38,4 @@ def case_straggler(ctx, plan_yaml: str, steps: int, slow_rank: int, slow_from: i
         return result.replans, losses, result.counts, [p.detach().clone() for p in model.parameters()]
     finally:
         dist.destroy_process_group()
+

@@ -22,8 +22,10 @@ def _pipeline_of_tp_groups() -> Plan:
 
 def test_labels_and_spans_say_who_computes_what():
     plan = _pipeline_of_tp_groups()
-    assert rank_labels(plan) == ["8 samples, bf16, TP 0.60", "8 samples, fp16, TP 0.40", "8 samples, fp32, TP 0.50",
-                                 "8 samples, fp32, TP 0.50"]
+    assert rank_labels(plan) == ["stage 1/2, 8 samples in 2 x 1f1b, bf16, TP 0.60",
+                                 "stage 1/2, 8 samples in 2 x 1f1b, fp16, TP 0.40",
+                                 "stage 2/2, 8 samples in 2 x 1f1b, fp32, TP 0.50",
+                                 "stage 2/2, 8 samples in 2 x 1f1b, fp32, TP 0.50"]
     assert [spans(plan, r, 7) for r in range(4)] == [[(0, 3)], [(0, 3)], [(3, 7)], [(3, 7)]]
     dp = Plan.from_shares([0.75, 0.25], 8, 16, name="dp")
     dp.ranks[1].zero_stage, dp.ranks[1].shard_fraction = 3, 0.25
@@ -41,5 +43,5 @@ def test_interleaved_chunks_are_drawn_where_they_run():
 
 def test_draw_writes_one_png_for_several_plans(tmp_path):
     path = tmp_path / "plans.png"
-    draw(str(path), [_pipeline_of_tp_groups(), Plan.uniform(4, 8, 16)], _pieces())
+    draw(str(path), [_pipeline_of_tp_groups(), Plan.uniform(4, 8, 16)], _pieces(), ["a", "a", "b", "b"])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
