@@ -104,23 +104,34 @@ def _counts(sizes: Sequence[int], name: str, op: str, tensor: torch.Tensor, what
     """
     if rows and (sizes is None or len(sizes) == 0):
         return []  # as torch's all_to_all_single: an even split
-    prefix = f"hcomm: {op} on rank {backend.rank()}: "
+    why = _counts_problem(sizes, name, tensor, what, backend.size(), rows)
+    if isinstance(why, str):
+        message = f"hcomm: {op} on rank {backend.rank()}: {why}"
+        # The core never sees this call; under HCOMM_DEBUG it still tells the
+        # other ranks, so they raise now instead of waiting out the timeout.
+        backend.reject(op, message)
+        raise HCommValueError(message)
+    return why
+
+
+def _counts_problem(sizes, name: str, tensor: torch.Tensor, what: str, world: int, rows: bool):
+    """The checked counts, or a string saying what is wrong with them."""
     try:
         counts = [operator.index(s) for s in sizes]
     except TypeError:
-        raise HCommValueError(prefix + f"{name} must be a sequence of integers, got {sizes!r}") from None
+        return f"{name} must be a sequence of integers, got {sizes!r}"
     unit = "rows" if rows and tensor.dim() > 1 else "elements"
     total = tensor.size(0) if unit == "rows" else tensor.numel()
-    if len(counts) != backend.size():
-        raise HCommValueError(prefix + f"{name} has {len(counts)} entries but the group has {backend.size()} ranks")
+    if len(counts) != world:
+        return f"{name} has {len(counts)} entries but the group has {world} ranks"
     for i, c in enumerate(counts):
         if c < 0:
-            raise HCommValueError(prefix + f"{name} has a negative entry {c} at index {i}")
+            return f"{name} has a negative entry {c} at index {i}"
     for i, c in enumerate(counts):
         if c > total:
-            raise HCommValueError(prefix + f"{name}[{i}] = {c} exceeds the {what}'s {total} {unit}")
+            return f"{name}[{i}] = {c} exceeds the {what}'s {total} {unit}"
     if sum(counts) != total:
-        raise HCommValueError(prefix + f"{name} sums to {sum(counts)} {unit} but the {what} has {total}")
+        return f"{name} sums to {sum(counts)} {unit} but the {what} has {total}"
     return counts
 
 

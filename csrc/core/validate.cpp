@@ -97,6 +97,12 @@ void validate_args(const CollectiveArgs& a, int rank, int size) {
     case OpKind::kAllToAllV:
       check_counts(a, rank, size, a.input_counts, "input_split_sizes", in, "input");
       check_counts(a, rank, size, a.output_counts, "output_split_sizes", out, "output");
+      // What a rank sends itself is what it receives from itself: a rank
+      // whose own two entries differ would write past its own block.
+      if (a.input_counts[rank] != a.output_counts[rank])
+        fail(a, rank, "input_split_sizes[" + std::to_string(rank) + "] = " + std::to_string(a.input_counts[rank]) +
+                          " (sent to itself) differs from output_split_sizes[" + std::to_string(rank) + "] = " +
+                          std::to_string(a.output_counts[rank]) + " (received from itself)");
       break;
     case OpKind::kGather:
       if (rank == a.root && out != in * size)

@@ -69,6 +69,17 @@ void bind_torch(py::module_& m) {
              const c10d::ReduceOp& op) { return pg.reduce_scatter_v(out, in, std::move(counts), op); },
           py::arg("output"), py::arg("input"), py::arg("counts"), py::arg("op"),
           py::call_guard<py::gil_scoped_release>())
+      // A call the Python wrappers refused before it reached C++ (their own
+      // argument checks): under HCOMM_DEBUG the other ranks learn it at once.
+      .def(
+          "reject",
+          [](ProcessGroupHComm& pg, const std::string& op, const std::string& why) {
+            CollectiveArgs a;
+            for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k)
+              if (op == op_name(static_cast<OpKind>(k))) a.kind = static_cast<OpKind>(k);
+            pg.communicator().reject(a, why);
+          },
+          py::arg("op"), py::arg("why"), py::call_guard<py::gil_scoped_release>())
       // Same name as on ProcessGroupGloo/NCCL (torch's _set_pg_timeout only
       // reaches those two, so hcomm.set_timeout calls this).
       .def("_set_default_timeout", [](ProcessGroupHComm& pg, std::chrono::milliseconds timeout) {

@@ -91,8 +91,10 @@ void ProcessGroupHComm::set_hierarchy(std::vector<std::vector<int>> islands,
 }
 
 void ProcessGroupHComm::set_compression(std::optional<DType> wire, int64_t chunk, bool error_feedback) {
+  // A group of one island has no weak tier: the policy has nothing to act on
+  // there, which is not an error (the same script runs on one host and on
+  // many; torchrun --standalone gives one island).
   auto current = comm_->hierarchy();
-  TORCH_CHECK_VALUE(current || !wire, "hcomm: compression applies to the inter-island tier, and this group spans one island");
   if (!current) return;
   auto h = std::make_shared<Hierarchy>(*current);
   h->compress = wire.has_value();
@@ -183,8 +185,10 @@ struct InPlace {
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
   if (on_device(tensors)) return device_backend_->broadcast(tensors, opts);
-  check_single(tensors, "broadcast");
-  check_dense(tensors[0], "broadcast", "tensor");
+  checked(*comm_, OpKind::kBroadcast, [&] {
+    check_single(tensors, "broadcast");
+    check_dense(tensors[0], "broadcast", "tensor");
+  });
   InPlace t(tensors[0]);
   CollectiveArgs a;
   a.kind = OpKind::kBroadcast;
@@ -197,8 +201,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::broadcast(std::vector<at::Tens
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
   if (on_device(tensors)) return device_backend_->allreduce(tensors, opts);
-  check_single(tensors, "allreduce");
-  check_dense(tensors[0], "allreduce", "tensor");
+  checked(*comm_, OpKind::kAllReduce, [&] {
+    check_single(tensors, "allreduce");
+    check_dense(tensors[0], "allreduce", "tensor");
+  });
   InPlace t(tensors[0]);
   CollectiveArgs a;
   a.kind = OpKind::kAllReduce;
@@ -251,8 +257,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce_coalesced(std::vecto
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
   if (on_device(tensors)) return device_backend_->reduce(tensors, opts);
-  check_single(tensors, "reduce");
-  check_dense(tensors[0], "reduce", "tensor");
+  checked(*comm_, OpKind::kReduce, [&] {
+    check_single(tensors, "reduce");
+    check_dense(tensors[0], "reduce", "tensor");
+  });
   const int root = static_cast<int>(opts.rootRank);
   // Non-root ranks reduce a copy, so their input is left as it was.
   at::Tensor user = tensors[0];

@@ -73,22 +73,6 @@ std::vector<int64_t> rows_to_elements(std::vector<int64_t> splits, const at::Ten
   return splits;
 }
 
-// Runs a collective's argument checks; a failure is reported to the
-// communicator first (Communicator::reject), so that under HCOMM_DEBUG the
-// other ranks, whose calls were fine, raise at once instead of waiting out
-// the timeout for a rank that will not come.
-template <typename F>
-void checked(Communicator& comm, OpKind kind, F&& checks) {
-  try {
-    checks();
-  } catch (const c10::Error& e) {
-    CollectiveArgs a;
-    a.kind = kind;
-    comm.reject(a, e.msg());
-    throw;
-  }
-}
-
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -154,15 +138,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::_allgather_base(at::Tensor& ou
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "hcomm: allgather_coalesced has ", outputs.size(),
-                    " output lists for ", inputs.size(), " inputs");
+  // torch's layout (and gloo's): one output list per rank, outputs[rank][i]
+  // receiving rank's inputs[i]; each input is gathered on its own.
+  std::vector<std::vector<at::Tensor>> per_input(inputs.size());
+  checked(*comm_, OpKind::kAllGather, [&] {
+    TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == getSize(), "hcomm: all_gather_coalesced on rank ",
+                      getRank(), ": output_tensor_lists has ", outputs.size(), " lists but the group has ", getSize(),
+                      " ranks (one list per rank, each as long as input_tensor_list)");
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      TORCH_CHECK_VALUE(outputs[r].size() == inputs.size(), "hcomm: all_gather_coalesced on rank ", getRank(),
+                        ": output_tensor_lists[", r, "] has ", outputs[r].size(), " tensors for ", inputs.size(),
+                        " inputs");
+      for (size_t i = 0; i < inputs.size(); ++i) per_input[i].push_back(outputs[r][i]);
+    }
+  });
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   std::vector<at::Tensor> all_outputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    std::vector<std::vector<at::Tensor>> o{outputs[i]};
+    std::vector<std::vector<at::Tensor>> o{per_input[i]};
     std::vector<at::Tensor> in{inputs[i]};
     works.push_back(allgather(o, in, opts));
-    for (auto& t : outputs[i]) all_outputs.push_back(t);
+    for (auto& t : per_input[i]) all_outputs.push_back(t);
   }
   return join(std::move(works), c10d::OpType::ALLGATHER_COALESCED, all_outputs);
 }
@@ -181,32 +177,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::gather(std::vector<std::vector
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
   if (on_device(inputs)) return device_backend_->gather(outputs, inputs, opts);
-  check_single(inputs, "gather");
   const int root = static_cast<int>(opts.rootRank);
-  TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "hcomm: gather root ", root, " is out of range for a group of ",
-                    getSize());
-  at::Tensor in = inputs[0].contiguous();
-  check_dense(in, "gather", "input");
+  at::Tensor in;
+  std::vector<at::Tensor> outs;
+  checked(*comm_, OpKind::kGather, [&] {
+    check_single(inputs, "gather");
+    TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "hcomm: gather root ", root, " is out of range for a group of ",
+                      getSize());
+    in = inputs[0].contiguous();
+    check_dense(in, "gather", "input");
+    if (getRank() == root) {
+      TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                        "hcomm: gather root needs one list of ", getSize(), " output tensors");
+      outs = outputs[0];
+      for (auto& o : outs) {
+        check_same_dtype(in, o, "gather");
+        TORCH_CHECK_VALUE(o.numel() == in.numel(), "hcomm: gather output tensors need ", in.numel(),
+                          " elements like the input, got ", o.numel());
+      }
+    } else {
+      TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "hcomm: gather outputs are only given on the root");
+    }
+  });
   CollectiveArgs a;
   a.kind = OpKind::kGather;
   a.root = root;
   a.input = to_buffer(in);
-  std::vector<at::Tensor> outs;
-  at::Tensor flat;
-  if (getRank() == root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
-                      "hcomm: gather root needs one list of ", getSize(), " output tensors");
-    outs = outputs[0];
-    for (auto& o : outs) {
-      check_same_dtype(in, o, "gather");
-      TORCH_CHECK_VALUE(o.numel() == in.numel(), "hcomm: gather output tensors need ", in.numel(),
-                        " elements like the input, got ", o.numel());
-    }
-    flat = at::empty({in.numel() * getSize()}, in.options());
-  } else {
-    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "hcomm: gather outputs are only given on the root");
-    flat = at::empty({0}, in.options());
-  }
+  at::Tensor flat = at::empty({getRank() == root ? in.numel() * getSize() : 0}, in.options());
   a.output = to_buffer(flat);
   return run(std::move(a), c10d::OpType::GATHER, {in, flat}, outs.empty() ? nullptr : scatter_back(flat, outs), outs,
              "hcomm:gather");
@@ -216,25 +213,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::scatter(std::vector<at::Tensor
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
   if (on_device(outputs)) return device_backend_->scatter(outputs, inputs, opts);
-  check_single(outputs, "scatter");
   const int root = static_cast<int>(opts.rootRank);
-  TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "hcomm: scatter root ", root, " is out of range for a group of ",
-                    getSize());
-  at::Tensor out = writable(outputs[0]);
-  check_dense(out, "scatter", "output");
-  at::Tensor flat;
-  if (getRank() == root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-                      "hcomm: scatter root needs one list of ", getSize(), " input tensors");
-    for (auto& i : inputs[0]) {
-      check_same_dtype(i, out, "scatter");
-      TORCH_CHECK_VALUE(i.numel() == out.numel(), "hcomm: scatter input tensors need ", out.numel(),
-                        " elements like the output, got ", i.numel());
+  at::Tensor out;
+  checked(*comm_, OpKind::kScatter, [&] {
+    check_single(outputs, "scatter");
+    TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "hcomm: scatter root ", root, " is out of range for a group of ",
+                      getSize());
+    out = writable(outputs[0]);
+    check_dense(out, "scatter", "output");
+    if (getRank() == root) {
+      TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                        "hcomm: scatter root needs one list of ", getSize(), " input tensors");
+      for (auto& i : inputs[0]) {
+        check_same_dtype(i, out, "scatter");
+        TORCH_CHECK_VALUE(i.numel() == out.numel(), "hcomm: scatter input tensors need ", out.numel(),
+                          " elements like the output, got ", i.numel());
+      }
     }
-    flat = concat(inputs[0]);
-  } else {
-    flat = at::empty({0}, out.options());
-  }
+  });
+  at::Tensor flat = getRank() == root ? concat(inputs[0]) : at::empty({0}, out.options());
   CollectiveArgs a;
   a.kind = OpKind::kScatter;
   a.root = root;
@@ -248,15 +245,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce_scatter(std::vector<at:
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
   if (on_device(outputs)) return device_backend_->reduce_scatter(outputs, inputs, opts);
-  check_single(outputs, "reduce_scatter");
-  TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-                    "hcomm: reduce_scatter needs one list of ", getSize(), " input tensors");
-  at::Tensor out = writable(outputs[0]);
-  check_dense(out, "reduce_scatter", "output");
-  for (auto& i : inputs[0]) check_same_dtype(i, out, "reduce_scatter");
-  std::vector<int64_t> counts = numels(inputs[0]);
-  TORCH_CHECK_VALUE(counts[getRank()] == out.numel(), "hcomm: reduce_scatter input ", getRank(), " has ",
-                    counts[getRank()], " elements but the output has ", out.numel());
+  at::Tensor out;
+  std::vector<int64_t> counts;
+  checked(*comm_, OpKind::kReduceScatter, [&] {
+    check_single(outputs, "reduce_scatter");
+    TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                      "hcomm: reduce_scatter needs one list of ", getSize(), " input tensors");
+    out = writable(outputs[0]);
+    check_dense(out, "reduce_scatter", "output");
+    for (auto& i : inputs[0]) check_same_dtype(i, out, "reduce_scatter");
+    counts = numels(inputs[0]);
+    TORCH_CHECK_VALUE(counts[getRank()] == out.numel(), "hcomm: reduce_scatter input ", getRank(), " has ",
+                      counts[getRank()], " elements but the output has ", out.numel());
+  });
   at::Tensor flat = concat(inputs[0]);
   CollectiveArgs a;
   a.kind = all_equal(counts) ? OpKind::kReduceScatter : OpKind::kReduceScatterV;
@@ -303,27 +304,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& inputSplitSizes,
                                                                 const c10d::AllToAllOptions& opts) {
   if (on_device(input)) return device_backend_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
-  check_dense(input, "all_to_all_single", "input");
-  check_same_dtype(input, output, "all_to_all_single");
-  at::Tensor in = input.contiguous(), out = writable(output);
+  at::Tensor in, out;
   CollectiveArgs a;
+  const bool even = outputSplitSizes.empty() && inputSplitSizes.empty();
+  checked(*comm_, even ? OpKind::kAllToAll : OpKind::kAllToAllV, [&] {
+    check_dense(input, "all_to_all_single", "input");
+    check_same_dtype(input, output, "all_to_all_single");
+    in = input.contiguous();
+    out = writable(output);
+    if (even) {
+      a.kind = OpKind::kAllToAll;
+      TORCH_CHECK_VALUE(in.dim() == 0 || in.size(0) % getSize() == 0,
+                        "hcomm: all_to_all_single input's first dimension ", in.dim() ? in.size(0) : 0,
+                        " does not split evenly over ", getSize(), " ranks");
+    } else {
+      // Splits count rows of dim 0; the core counts elements.
+      a.kind = OpKind::kAllToAllV;
+      const int64_t in_row = in.dim() && in.size(0) ? in.numel() / in.size(0) : 1;
+      const int64_t out_row = out.dim() && out.size(0) ? out.numel() / out.size(0) : 1;
+      std::vector<int64_t> send = inputSplitSizes, recv = outputSplitSizes;
+      if (send.empty()) send.assign(getSize(), in.dim() ? in.size(0) / getSize() : 0);
+      if (recv.empty()) recv.assign(getSize(), out.dim() ? out.size(0) / getSize() : 0);
+      a.input_counts = rows_to_elements(send, in, in_row, "input_split_sizes", "input", getRank(), getSize());
+      a.output_counts = rows_to_elements(recv, out, out_row, "output_split_sizes", "output", getRank(), getSize());
+    }
+  });
   a.input = to_buffer(in);
   a.output = to_buffer(out);
-  if (outputSplitSizes.empty() && inputSplitSizes.empty()) {
-    a.kind = OpKind::kAllToAll;
-    TORCH_CHECK_VALUE(in.dim() == 0 || in.size(0) % getSize() == 0, "hcomm: all_to_all_single input's first dimension ",
-                      in.dim() ? in.size(0) : 0, " does not split evenly over ", getSize(), " ranks");
-  } else {
-    // Splits count rows of dim 0; the core counts elements.
-    a.kind = OpKind::kAllToAllV;
-    const int64_t in_row = in.dim() && in.size(0) ? in.numel() / in.size(0) : 1;
-    const int64_t out_row = out.dim() && out.size(0) ? out.numel() / out.size(0) : 1;
-    std::vector<int64_t> send = inputSplitSizes, recv = outputSplitSizes;
-    if (send.empty()) send.assign(getSize(), in.dim() ? in.size(0) / getSize() : 0);
-    if (recv.empty()) recv.assign(getSize(), out.dim() ? out.size(0) / getSize() : 0);
-    a.input_counts = rows_to_elements(send, in, in_row, "input_split_sizes", "input", getRank(), getSize());
-    a.output_counts = rows_to_elements(recv, out, out_row, "output_split_sizes", "output", getRank(), getSize());
-  }
   return run(std::move(a), c10d::OpType::ALLTOALL_BASE, {in, out, output}, copy_into(output, out), {output},
              "hcomm:all_to_all_single");
 }
@@ -332,14 +339,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::alltoall(std::vector<at::Tenso
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
   if (on_device(inputs)) return device_backend_->alltoall(outputs, inputs, opts);
-  TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == getSize() && static_cast<int>(outputs.size()) == getSize(),
-                    "hcomm: all_to_all needs ", getSize(), " input and output tensors, got ", inputs.size(), " and ",
-                    outputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_dense(inputs[i], "all_to_all", "input");
-    check_same_dtype(inputs[i], outputs[i], "all_to_all");
-    check_same_dtype(inputs[0], inputs[i], "all_to_all");
-  }
+  checked(*comm_, OpKind::kAllToAllV, [&] {
+    TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == getSize() && static_cast<int>(outputs.size()) == getSize(),
+                      "hcomm: all_to_all needs ", getSize(), " input and output tensors, got ", inputs.size(), " and ",
+                      outputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_dense(inputs[i], "all_to_all", "input");
+      check_same_dtype(inputs[i], outputs[i], "all_to_all");
+      check_same_dtype(inputs[0], inputs[i], "all_to_all");
+    }
+  });
   at::Tensor in = concat(inputs);
   at::Tensor flat = at::empty({total_of(numels(outputs))}, in.options());
   CollectiveArgs a;

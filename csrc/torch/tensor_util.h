@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include "core/communicator.h"
 #include "core/types.h"
 
 namespace hcomm {
@@ -23,5 +24,21 @@ at::Tensor from_buffer(const Buffer& buf);
 // The same bytes as a 2-D uint8 tensor [count, element size]: lets a library
 // move any dtype (int16, fp8) for ops that do not reduce.
 at::Tensor bytes_view(const Buffer& buf);
+
+// Runs a collective's argument checks; a failure is reported to the
+// communicator first (Communicator::reject), so that under HCOMM_DEBUG the
+// other ranks, whose calls were fine, raise at once instead of waiting out
+// the timeout for a rank that will not come.
+template <typename F>
+void checked(Communicator& comm, OpKind kind, F&& checks) {
+  try {
+    checks();
+  } catch (const c10::Error& e) {
+    CollectiveArgs a;
+    a.kind = kind;
+    comm.reject(a, e.msg());
+    throw;
+  }
+}
 
 }  // namespace hcomm

@@ -119,3 +119,116 @@ def test_timeout_names_the_peer_that_had_not_answered(pool):
         assert not is_value_error
         assert "imed out" in msg or (rank != 0 and "closed by peer" in msg), msg
         assert re.search(expected[rank], msg), msg
+
+
+def case_invalid_call_on_one_rank(ctx, op):
+    """One rank (2) passes an argument only it can see is wrong."""
+    h = _debug_group(ctx)
+    w, bad = ctx.world, ctx.rank == 2
+    calls = {
+        # rank 2 is the root and lists one output too few
+        "gather": lambda: dist.gather(torch.zeros(3), [torch.zeros(3) for _ in range(w - bad)] if bad else None,
+                                      dst=2, group=h),
+        # rank 2 is the root and gives an input one element too long
+        "scatter": lambda: dist.scatter(torch.zeros(3), [torch.zeros(3 + (i == 0)) for i in range(w)] if bad
+                                        else None, src=2, group=h),
+        # rank 2's own input block disagrees with its output
+        "reduce_scatter": lambda: dist.reduce_scatter(torch.zeros(3), [torch.zeros(3 + (bad and i == 2))
+                                                                       for i in range(w)], group=h),
+        # rank 2's splits do not sum to its input's rows
+        "all_to_all_single": lambda: dist.all_to_all_single(
+            torch.zeros(w, 2), torch.zeros(w, 2), output_split_sizes=[1] * w,
+            input_split_sizes=[1] * (w - 1) + [1 + bad], group=h),
+        # rank 2 lists one input too few
+        "all_to_all": lambda: dist.all_to_all([torch.zeros(2) for _ in range(w)],
+                                              [torch.zeros(2) for _ in range(w - bad)], group=h),
+        # rank 2 passes two tensors to broadcast
+        "broadcast": lambda: h.broadcast([torch.zeros(2)] * (1 + bad)).wait(),
+    }
+    t0 = time.monotonic()
+    err = _msg(calls[op])
+    elapsed = time.monotonic() - t0
+    t = torch.ones(2)
+    dist.all_reduce(t, group=h)
+    return err, elapsed, torch.equal(t, torch.full((2,), float(ctx.world)))
+
+
+def test_every_torch_entry_point_shares_a_one_rank_rejection_under_debug(pool):
+    # Each op: a rejection only rank 2 can see makes the others raise at once
+    # (not after the pool group's long timeout), and the group still works.
+    for op in ("gather", "scatter", "reduce_scatter", "all_to_all_single", "all_to_all", "broadcast"):
+        for rank, (err, elapsed, in_step) in enumerate(pool.run(case_invalid_call_on_one_rank, op)):
+            assert err is not None, f"{op}: rank {rank} did not raise"
+            _, is_value_error, msg = err
+            if rank == 2:
+                assert is_value_error and msg.startswith("hcomm: "), (op, msg)
+            else:
+                assert not is_value_error, (op, msg)
+                assert re.match(rf"hcomm \(HCOMM_DEBUG\): collective mismatch seen on rank {rank} \(running "
+                                r".*\): rank 2 rejected its \w+ call as invalid \(rank 2's own error says why\)$",
+                                msg), (op, msg)
+            assert elapsed < 5.0, (op, rank, elapsed)
+            assert in_step, op
+
+
+def case_wrapper_rejection_on_one_rank(ctx):
+    """hcomm.all_gather_v's Python checks refuse rank 2's sizes before C++ sees the call."""
+    import hcomm
+
+    h = _debug_group(ctx)
+    w = ctx.world
+    counts = [2] * w
+    if ctx.rank == 2:
+        counts = [2] * w + [3]  # one entry too many
+    t0 = time.monotonic()
+    err = _msg(lambda: hcomm.all_gather_v(torch.zeros(2 * w), torch.zeros(2), counts, group=h))
+    elapsed = time.monotonic() - t0
+    t = torch.ones(2)
+    dist.all_reduce(t, group=h)
+    return err, elapsed, torch.equal(t, torch.full((2,), float(ctx.world)))
+
+
+def test_a_python_wrapper_rejection_reaches_every_rank_under_debug(pool):
+    for rank, (err, elapsed, in_step) in enumerate(pool.run(case_wrapper_rejection_on_one_rank)):
+        assert err is not None, rank
+        _, is_value_error, msg = err
+        if rank == 2:
+            assert is_value_error
+            assert msg == f"hcomm: all_gather_v on rank 2: output_split_sizes has {pool.world + 1} entries but " \
+                          f"the group has {pool.world} ranks", msg
+        else:
+            assert not is_value_error
+            assert msg.endswith("rank 2 rejected its all_gather_v call as invalid (rank 2's own error says why)"), msg
+        assert elapsed < 5.0, (rank, elapsed)
+        assert in_step
+
+
+def case_all_to_all_v_own_splits_differ(ctx):
+    import hcomm
+
+    w, r = ctx.world, ctx.rank
+    send, recv = [1] * w, [1] * w
+    send[r] = 2  # sends itself 2 rows, expects 1 back from itself
+    return _msg(lambda: hcomm.all_to_all_v(torch.zeros(w), torch.zeros(w + 1), recv, send, group=ctx.hcomm))
+
+
+def test_all_to_all_v_refuses_own_send_and_receive_that_differ(pool):
+    for rank, err in enumerate(pool.run(case_all_to_all_v_own_splits_differ)):
+        assert err == ("HCommValueError", True,
+                       f"hcomm: all_to_all_v(float32 x {pool.world + 1} -> {pool.world}) on rank {rank}: "
+                       f"input_split_sizes[{rank}] = 2 (sent to itself) differs from output_split_sizes[{rank}] = 1 "
+                       "(received from itself)"), err
+
+
+def case_compression_on_one_island(ctx):
+    import hcomm
+
+    g = dist.new_group(backend="hcomm")
+    hcomm.set_compression("bf16", group=g)  # nothing to act on: accepted
+    t = torch.full((5,), 0.25)
+    hcomm.all_reduce(t, group=g)
+    return torch.equal(t, torch.full((5,), 0.25) * ctx.world) or t.tolist()
+
+
+def test_compression_on_a_one_island_group_is_accepted_and_leaves_results_exact(pool):
+    assert pool.run(case_compression_on_one_island) == [True] * pool.world

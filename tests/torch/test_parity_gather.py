@@ -155,11 +155,22 @@ def case_coalesced_gathers(ctx):
     failures = []
     w, r = ctx.world, ctx.rank
     ins = [_inp(r, w, 3, torch.float32, salt=1), _inp(r, w, 2, torch.int16, salt=2)]
-    outs = [[torch.zeros(3) for _ in range(w)], [torch.zeros(2, dtype=torch.int16) for _ in range(w)]]
+    # torch's layout, as dist.all_gather_coalesced passes it: one output list
+    # per rank, outs[rank][i] receiving that rank's ins[i] (gloo's too).
+    ins_same = [_inp(r, w, 3, torch.float32, salt=1), _inp(r, w, 2, torch.float32, salt=2)]
+    gloo_group = ctx.groups[w][0]
+    for group, tag in ((ctx.hcomm, "hcomm"), (gloo_group, "gloo")):
+        outs = [[torch.zeros(3), torch.zeros(2)] for _ in range(w)]
+        dist.all_gather_coalesced(outs, ins_same, group=group)
+        for i, n in enumerate((3, 2)):
+            want = torch.cat([_inp(s, w, n, torch.float32, salt=i + 1) for s in range(w)])
+            _check(failures, f"{tag} all_gather_coalesced[{i}]", torch.cat([outs[s][i] for s in range(w)]), want)
+    # The backend method with mixed dtypes (the Python API insists on one).
+    outs = [[torch.zeros(3), torch.zeros(2, dtype=torch.int16)] for _ in range(w)]
     ctx.hcomm.allgather_coalesced(outs, ins).wait()
     for i, n in enumerate((3, 2)):
         want = torch.cat([_inp(s, w, n, ins[i].dtype, salt=i + 1) for s in range(w)])
-        _check(failures, f"allgather_coalesced[{i}]", torch.cat(outs[i]), want)
+        _check(failures, f"allgather_coalesced[{i}]", torch.cat([outs[s][i] for s in range(w)]), want)
     # Functional collectives and FSDP reach allgather_into_tensor_coalesced / reduce_scatter_tensor_coalesced
     # through the coalescing manager.
     outs = [torch.zeros(3 * w), torch.zeros(5 * w, dtype=torch.int64)]
