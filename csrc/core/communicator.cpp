@@ -215,7 +215,14 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
     }
     return pending;
   };
-  auto request = executor_.submit(std::move(task), record);
+  // Point-to-point ops complete in posting order per (direction, peer, tag);
+  // the executor waits each such channel on one thread.
+  uint64_t channel = 0;
+  if (p2p)
+    channel = (uint64_t{args.kind == OpKind::kSend ? 1u : 2u} << 62) |
+              (static_cast<uint64_t>(static_cast<uint32_t>(args.peer + 1)) << 32) |
+              static_cast<uint32_t>(args.tag);
+  auto request = executor_.submit(std::move(task), record, channel);
   request->set_watch(watch_);
   return request;
 }

@@ -27,13 +27,13 @@ Executor::Executor() : worker_(&Executor::work_loop, this) {}
 
 Executor::~Executor() { shutdown(); }
 
-std::shared_ptr<Request> Executor::submit(Task task, OpRecord record) {
+std::shared_ptr<Request> Executor::submit(Task task, OpRecord record, uint64_t channel) {
   auto request = std::make_shared<Request>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) throw Error(ErrorKind::kRuntime, "hcomm: communicator was shut down; cannot run " +
                                                     std::string(op_name(record.kind)));
-    queue_.push_back(Item{std::move(task), record, request, std::chrono::steady_clock::now(), nullptr});
+    queue_.push_back(Item{std::move(task), record, request, std::chrono::steady_clock::now(), nullptr, channel});
     ++in_flight_;
   }
   work_cv_.notify_one();
@@ -99,11 +99,7 @@ void Executor::work_loop() {
     }
     item.task = nullptr;  // drop captured buffers as soon as possible
     if (item.pending && !error) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++waiters_;
-      }
-      std::thread([this, item = std::move(item)]() mutable { wait_one(std::move(item)); }).detach();
+      post(std::move(item));
       continue;
     }
     finish(item, error);
@@ -112,20 +108,49 @@ void Executor::work_loop() {
   }
 }
 
-void Executor::wait_one(Item item) {
-  std::exception_ptr error;
-  try {
-    item.pending->wait();
-    item.record.source_rank = item.pending->source();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  item.pending.reset();
-  finish(item, error);
-  // Notified under the lock: once shutdown() sees waiters_ == 0 this thread
-  // no longer touches the executor.
+void Executor::post(Item item) {
+  const uint64_t key = item.channel;
   std::lock_guard<std::mutex> lock(mu_);
-  --in_flight_;
+  Channel& ch = channels_[key];
+  ch.queue.push_back(std::move(item));
+  if (ch.has_waiter) {
+    channel_cv_.notify_all();  // a lingering waiter picks it up
+    return;
+  }
+  ch.has_waiter = true;
+  ++waiters_;
+  std::thread([this, key] { drain(key); }).detach();
+}
+
+void Executor::drain(uint64_t key) {
+  // How long an idle channel's thread waits for the next op before it ends.
+  constexpr auto kLinger = std::chrono::milliseconds(20);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    Channel& ch = channels_[key];
+    if (ch.queue.empty()) {
+      channel_cv_.wait_for(lock, kLinger, [&] { return stop_ || !channels_[key].queue.empty(); });
+      if (channels_[key].queue.empty()) break;
+      continue;
+    }
+    Item item = std::move(ch.queue.front());
+    ch.queue.pop_front();
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      item.pending->wait();
+      item.record.source_rank = item.pending->source();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    item.pending.reset();
+    finish(item, error);
+    lock.lock();
+    --in_flight_;
+  }
+  channels_.erase(key);
+  // Under the lock: once shutdown() sees waiters_ == 0 this thread no longer
+  // touches the executor.
   if (--waiters_ == 0) wait_cv_.notify_all();
 }
 
@@ -142,6 +167,7 @@ void Executor::shutdown() {
     stop_ = true;
   }
   work_cv_.notify_all();
+  channel_cv_.notify_all();
   if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
   // Posted point-to-point ops and direct ops end by completing or by their
   // transport's timeout.

@@ -251,3 +251,41 @@ def case_async_worker_path(ctx, dtype_name):
 def test_async_op_does_not_block_on_either_execution_path(pool, dtype_name):
     s = sum(range(1, pool.world + 1))
     assert pool.run(case_async_worker_path, dtype_name) == [(True, True, [s] * 3)] * pool.world
+
+
+def case_many_outstanding_messages(ctx, n):
+    """Rank 1 posts n receives from rank 0 and n sends to it before rank 0 takes part."""
+    import os
+
+    r, h = ctx.rank, ctx.hcomm
+    if r > 1:
+        dist.barrier(group=ctx.gloo)
+        return None
+    bufs = [torch.zeros(2) for _ in range(n)]
+    before = len(os.listdir("/proc/self/task"))
+    if r == 1:
+        recvs = [dist.irecv(b, src=0, group=h, tag=3) for b in bufs]
+        sends = [dist.isend(torch.tensor([i, -i], dtype=torch.float32), dst=0, group=h, tag=4) for i in range(n)]
+        time.sleep(0.3)  # every post handed to its waiter
+        peak = len(os.listdir("/proc/self/task"))
+        dist.barrier(group=ctx.gloo)
+    else:
+        dist.barrier(group=ctx.gloo)
+        recvs = [dist.irecv(b, src=1, group=h, tag=4) for b in bufs]
+        sends = [dist.isend(torch.tensor([i, -i], dtype=torch.float32), dst=1, group=h, tag=3) for i in range(n)]
+        peak = None
+    for w in reversed(recvs + sends):  # waited in the opposite order to posting
+        w.wait()
+    ok = all(torch.equal(b, torch.tensor([i, -i], dtype=torch.float32)) for i, b in enumerate(bufs))
+    return ok, peak - before if peak is not None else None
+
+
+def test_many_outstanding_messages_use_a_waiter_per_channel_not_per_message(pool):
+    # 600 messages outstanding on rank 1 in two channels (receives from rank 0
+    # on tag 3, sends to it on tag 4): one waiter thread each, where a thread
+    # per message used 600.  All arrive intact, waited in reverse order.
+    res = pool.run(case_many_outstanding_messages, 300)
+    assert res[0] == (True, None)
+    ok, extra_threads = res[1]
+    assert ok
+    assert extra_threads <= 4, extra_threads
