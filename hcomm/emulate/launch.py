@@ -45,7 +45,7 @@ _UNSHAPED_BANNER = """\
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"""
 
 
-def node_command(cluster: Cluster, node_index: int, argv: List[str], port: int) -> List[str]:
+def node_command(cluster: Cluster, node_index: int, argv: List[str], port: int, max_restarts: int = 0) -> List[str]:
     spec = cluster.spec
     node = spec.nodes[node_index]
     return [
@@ -57,7 +57,9 @@ def node_command(cluster: Cluster, node_index: int, argv: List[str], port: int) 
         # the host name, which knows nothing of the namespaces' addresses.
         f"--rdzv-conf=is_host={1 if node_index == 0 else 0}",
         f"--local-addr={cluster.local_addr(node_index)}",
-        "--max-restarts=0", "--no-python",
+        # Elastic restarts (hcomm train --max-restarts with --checkpoint-every):
+        # a failed rank restarts every rank, which resume from a checkpoint.
+        f"--max-restarts={max_restarts}", "--no-python",
         *module_command("hcomm.emulate.rankwrap"), "--"] + list(argv)
 
 
@@ -131,7 +133,7 @@ def _wait_all(procs: List[subprocess.Popen], grace: float) -> None:
         time.sleep(0.05)
 
 
-def run_on(cluster: Cluster, argv: List[str], out=None) -> int:
+def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -> int:
     """Run ``argv`` on every rank of a cluster that is already up."""
     out = out or sys.stdout
     if cluster.unshaped:
@@ -140,7 +142,7 @@ def run_on(cluster: Cluster, argv: List[str], out=None) -> int:
     procs, pumps = [], []
     try:
         for i, node in enumerate(cluster.spec.nodes):
-            p = subprocess.Popen(node_command(cluster, i, argv, port), env=node_env(cluster, i),
+            p = subprocess.Popen(node_command(cluster, i, argv, port, max_restarts), env=node_env(cluster, i),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  # Launcher SIGKILLed: torchrun gets SIGTERM and
                                  # stops its workers; `down` removes the rest.
@@ -177,7 +179,7 @@ def run_on(cluster: Cluster, argv: List[str], out=None) -> int:
 
 
 def run(spec: Union[str, ClusterSpec, None], argv: List[str], unshaped: bool = False,
-        out=None) -> int:
+        out=None, max_restarts: int = 0) -> int:
     """Bring ``spec`` up, run ``argv`` on every rank, tear down; the exit code."""
     with Cluster(spec, unshaped=unshaped) as cluster:
-        return run_on(cluster, argv, out=out)
+        return run_on(cluster, argv, out=out, max_restarts=max_restarts)

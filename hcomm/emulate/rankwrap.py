@@ -100,7 +100,8 @@ def main(argv: List[str]) -> int:
     with open(exit_record_path(run_dir, rank), "w") as f:
         json.dump(record, f)
     if code < 0:  # die the same way so torchrun reports the real signal
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code
     return code

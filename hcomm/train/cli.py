@@ -87,6 +87,14 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
                         "hcomm train --plan PATH runs it")
     p.add_argument("--print-plan-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--local", action="store_true", help="unshaped local ranks, no emulated cluster")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="save a checkpoint every N steps into --checkpoint-dir, and resume from its newest one "
+                        "when started again (one plan; data-parallel plans)")
+    p.add_argument("--checkpoint-dir", default="hcomm-checkpoints",
+                   help="folder of the checkpoints, on a file system every rank sees (default %(default)s)")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart every rank up to N times when one fails (torchrun's elastic restarts; with "
+                        "--checkpoint-every the job continues from the last checkpoint)")
     args = p.parse_args(argv)
     compare_default = args.plan is None
     for key, value in MAIN_JOB.items():
@@ -138,6 +146,13 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.zero and args.sync_every > 1:
         p.error(f"--zero {args.zero} shards one optimizer over every rank; it cannot run with --sync-every "
                 f"{args.sync_every}")
+    if args.checkpoint_every < 0:
+        p.error(f"--checkpoint-every must be >= 0 (0 = never), got {args.checkpoint_every}")
+    if args.checkpoint_every and "," in args.plan:
+        p.error(f"--checkpoint-every trains one plan and resumes it; --plan lists {len(args.plan.split(','))} "
+                f"({args.plan})")
+    if args.max_restarts < 0:
+        p.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.warmup_steps < 0 or args.warmup_steps >= args.steps:
         p.error(f"--warmup-steps must be in [0, steps), got {args.warmup_steps} with --steps {args.steps}")
     if args.data is not None and not os.access(args.data, os.R_OK):
@@ -193,4 +208,4 @@ def main(argv: Optional[List[str]] = None) -> int:
     where = "unshaped local ranks" if unshaped else "emulated cluster"
     print(f"hcomm train: {args.plan.replace(',', ' vs ')} on {where} '{spec.name}' ({spec.world_size} ranks: "
           + ", ".join(f"{r.device}@{r.speed:g}" for r in spec.ranks) + ")", flush=True)
-    return run_emulated(spec, _worker_argv(argv), unshaped=unshaped)
+    return run_emulated(spec, _worker_argv(argv), unshaped=unshaped, max_restarts=args.max_restarts)

@@ -84,13 +84,18 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     replans: List[dict] = []
     dp = plan.dp_group()
     watch = StragglerWatch(dp.straggler_margin, dp.straggler_patience) if dp.straggler_margin else None
+    first, every = _resume(args, plan, pm, optimizer, mine, groups.default, rank, world)
     bar = _progress(args.steps, rank)
     dist.barrier(group=groups.default)
     loop_start = time.perf_counter()
     timed_from = loop_start
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         if step == args.warmup_steps:
             timed_from = time.perf_counter()
+        if every:
+            from hcomm.train.checkpoint import fault_hook
+
+            fault_hook(rank, step)
         t = pm.train_step(lambda offset, count: batches.rows(step, offset, count), optimizer)
         mine.append(dict(asdict(t), end=time.perf_counter() - loop_start, samples=pm.samples))
         _show(bar, rank, step, args.steps, t, tokens_per_step)
@@ -104,6 +109,14 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
                 replans.append(_replan(pm, per_sample, counts, watch.drift(per_sample), drifted, step + 1, plan,
                                        rank))
                 watch.reset()
+        if every and (step + 1) % every == 0 and step + 1 < args.steps:
+            # after any re-split of this step: a resumed run starts from the shares it had
+            from hcomm.train.checkpoint import fingerprint, save
+
+            path = save(args.checkpoint_dir, step + 1, pm, optimizer, mine, fingerprint(args, plan), rank, world,
+                        groups.default)
+            if rank == 0:
+                print(f"hcomm train: checkpoint after step {step + 1}: {path}", flush=True)
     del optimizer  # ZeRO: its shard state goes before finish() gathers whole parameters for the eval
     if mine:
         mine[-1]["outer_s"] += pm.finish()  # islands that sync every H steps agree before the eval
@@ -115,7 +128,7 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     pm.close()
     result = PlanResult(plan.name, predicted_step_s=plan.predicted_step_s or float("nan"), wall_s=wall,
                         resplit=resplit, replans=replans)
-    result.tokens_per_s = tokens_per_step * (args.steps - args.warmup_steps) / timed
+    result.tokens_per_s = tokens_per_step * (args.steps - max(first, args.warmup_steps)) / timed
     losses = _global_losses(mine, plan, groups.default, rank)
     gathered: List = [None] * world
     dist.all_gather_object(gathered, mine, group=groups.default)
@@ -127,6 +140,37 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
         walls = sorted(r["seconds"] for r in result.steps[args.warmup_steps:])
         result.measured_step_s = walls[len(walls) // 2]
     return result
+
+
+def _resume(args, plan, pm, optimizer, mine: List[dict], group, rank: int, world: int):
+    """(first step to run, checkpoint period or 0): from the newest checkpoint of this run, if any
+    (rank 0 looks, every rank loads what it found, its records so far into ``mine``)."""
+    every = getattr(args, "checkpoint_every", 0) or 0
+    if not every:
+        return 0, 0
+    from hcomm.train.checkpoint import fingerprint, latest, load, unsupported
+
+    why = unsupported(plan)
+    if why:
+        raise ValueError(why)
+    box = [None]
+    if rank == 0:
+        try:
+            box[0] = ("ok", latest(args.checkpoint_dir, fingerprint(args, plan), world))
+        except ValueError as e:
+            box[0] = ("error", str(e))
+    dist.broadcast_object_list(box, src=0, group=group)
+    status, found = box[0]
+    if status == "error":
+        raise ValueError(found)
+    if found is None:
+        return 0, every
+    steps_done, path = found
+    mine.extend(load(path, pm, optimizer, rank, world, group))
+    if rank == 0:
+        print(f"hcomm train: resumed from {path}: steps 1-{steps_done} done, continuing at step "
+              f"{steps_done + 1} of {args.steps}", flush=True)
+    return steps_done, every
 
 
 def _show(bar, rank: int, step: int, total: int, t, tokens_per_step: int) -> None:

@@ -190,6 +190,21 @@ def settle_trials(args, plans: List, vocab_size: int, groups, train_tokens, rank
     return out
 
 
+def resumed_plan(args, rank: int, world: int):
+    """The plan of the newest checkpoint when resuming (--checkpoint-every): the run continues with the
+    plan it was saved under, not a new one (a new profile or trial could choose another)."""
+    if not args.checkpoint_every:
+        return None
+    from hcomm.parallel.plan import Plan
+    from hcomm.train.checkpoint import saved_plan
+
+    text = _on_rank0(lambda: saved_plan(args.checkpoint_dir), rank)
+    if text is None:
+        return None
+    _log(rank, f"resuming: the plan of the newest checkpoint in {args.checkpoint_dir}")
+    return Plan.from_yaml(text).validate(world)
+
+
 def save_plans(plans: List, path: str) -> None:
     """Each plan's YAML: ``path`` for one plan, ``stem-1.ext``, ``stem-2.ext``, ... for several."""
     stem, ext = os.path.splitext(path)
@@ -199,12 +214,37 @@ def save_plans(plans: List, path: str) -> None:
         print(f"hcomm train: wrote plan '{plan.name}' to {target}", flush=True)
 
 
+def _init_process_group(timeout: datetime.timedelta) -> None:
+    """The default group; under torchrun, on keys of this start of the job only.
+
+    torchrun keeps its store across elastic restarts, and the keys torch and
+    hcomm write (each rank's gloo address, island groups, the topology) have
+    the same names in every round: a restarted rank could read a dead
+    process's address from the failed round and time out connecting to it
+    (seen with a plain gloo new_group under torchrun --max-restarts).  So the
+    group's store gets a prefix per round.  TORCHELASTIC_RESTART_COUNT cannot
+    name the round: it counts one agent's restarts, and an agent whose own
+    ranks were healthy restarts them without counting.  But every round starts
+    every rank once, so the number of times this RANK has started, counted in
+    the store, is the same on all ranks of a round."""
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ or "MASTER_ADDR" not in os.environ:
+        dist.init_process_group("gloo", timeout=timeout)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=hosts,
+                          timeout=timeout)
+    start = store.add(f"hcomm/starts/rank-{rank}", 1)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"hcomm/start-{start}", store), rank=rank,
+                            world_size=world, timeout=timeout)
+
+
 def run(args) -> int:
     from hcomm.parallel.parallelize import make_groups
     from hcomm.train.loop import train_plan
     from hcomm.train.report import report
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    _init_process_group(datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         groups = make_groups()
@@ -225,9 +265,10 @@ def run(args) -> int:
             from hcomm.parallel.profile import format_profiles
 
             print(format_profiles(view.profiles), flush=True)
-        plans = plans_for(args, view, rank)
+        resumed = resumed_plan(args, rank, world)
+        plans = [resumed] if resumed else plans_for(args, view, rank)
         del model   # (the profiled copy: trials and plans build their own)
-        if not args.print_plan_only:
+        if not args.print_plan_only and not resumed:
             plans = settle_trials(args, plans, data.vocab_size, groups, train_tokens, rank)
         if args.save_plan and rank == 0:
             save_plans(plans, args.save_plan)

@@ -111,3 +111,29 @@ def test_every_plan_the_search_trials_runs_on_the_emulator(emulator, tmp_path):
     assert searched["plan"]["name"] == "search" and any(n.startswith("trial (") for n in searched["plan"]["notes"])
     for a, u in zip(searched["steps"], uniform["steps"]):
         assert a["loss"] == pytest.approx(u["loss"], rel=1e-4)
+
+
+def test_a_killed_rank_of_the_other_island_restarts_from_the_checkpoint(emulator, tmp_path):
+    """two-node spec (islands x and y over the emulated uplinks): rank 1, alone on the other island's node,
+    is SIGKILLed as step 3 begins; both nodes' torchruns restart their ranks, which resume from the
+    checkpoint after step 2 and reach the uninterrupted run's losses bit for bit (same saved plan)."""
+    spec, plan = os.path.join(HERE, "small.yaml"), tmp_path / "plan.yaml"
+    common = ["--cluster", spec, *TINY, "--global-batch", "6", "--steps", "5", "--warmup-steps", "1",
+              "--resplit-after", "0", "--straggler-margin", "0"]
+    ref = _train(tmp_path, *common, "--plan", "auto", "--save-plan", str(plan), "--json", str(tmp_path / "ref.json"))
+    assert ref.returncode == 0, ref.stdout[-4000:] + ref.stderr[-3000:]
+    env_fault = dict(os.environ, HCOMM_TRAIN_FAULT="1:3")
+    ckpt = tmp_path / "ckpt"
+    out = subprocess.run([sys.executable, "-m", "hcomm", "train", *common, "--plan", str(plan),
+                          "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt), "--max-restarts", "1",
+                          "--json", str(tmp_path / "fault.json")], cwd=REPO, timeout=500, capture_output=True,
+                         text=True, env=dict(env_fault, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp_path / "data"),
+                                             HCOMM_PROFILE_CACHE=str(tmp_path / "profiles")))
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-5000:]
+    assert "HCOMM_TRAIN_FAULT: rank 1 kills itself at step 3" in text
+    assert f"resumed from {ckpt}/step-2: steps 1-2 done, continuing at step 3 of 5" in text
+    want = json.loads((tmp_path / "ref.json").read_text())["runs"][0]
+    got = json.loads((tmp_path / "fault.json").read_text())["runs"][0]
+    assert [s["loss"] for s in got["steps"]] == [s["loss"] for s in want["steps"]]
+    assert got["eval_loss"] == want["eval_loss"]

@@ -1,0 +1,203 @@
+"""Checkpoints of ``hcomm train --checkpoint-every N``, and resuming from the newest one.
+
+A training job on a heterogeneous cluster loses a rank sooner or later; under
+torchrun's elastic restarts (``--max-restarts``) every rank is started again,
+and ``hcomm train`` then continues from the newest complete checkpoint in
+``--checkpoint-dir`` instead of step 0, with the same losses as a run that
+was never interrupted (tested bitwise, tests/train/test_checkpoint_restart.py).
+
+What a checkpoint holds, written after every N-th step:
+  * the model's parameters and the optimizer's state, through
+    torch.distributed.checkpoint (DCP): in data parallelism they are
+    replicated, and DCP writes each tensor once, from one rank;
+  * per rank (``rank-<r>.pt``): its step records so far (the global losses
+    are computed from them after the last step), its batch share (after any
+    re-split by measured speed) and its loss scale (fp16 ranks);
+  * the marker ``hcomm_train_checkpoint.json``, written last: the step, the
+    world size, the plan's YAML and the arguments that shape training.
+
+Atomic on a file system every rank sees: ranks write into ``.step-<n>.tmp``;
+after a barrier rank 0 writes the marker and renames the directory to
+``step-<n>``, then removes older ones.  A rank killed mid-save leaves a
+``.tmp`` without a marker, never loaded; the previous checkpoint is whole.
+
+Resuming needs the same plan and arguments (the marker says which differ)
+and the same world size.  Data needs nothing saved: every step's global
+batch is a function of (seed, step) (``GlobalBatches``).  Plans covered: data
+parallelism (hcomm's, uneven shares, per-device precision) and the DDP
+baseline; ZeRO, pipelines, tensor parallelism and outer sync are refused
+before training, naming the plan (their state is sharded or split: the ZeRO
+shard checkpoint in ``hcomm.parallel.zero.checkpoint`` is the piece to build
+them on).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from hcomm.settings import declare
+
+HCOMM_TRAIN_FAULT = declare(
+    "HCOMM_TRAIN_FAULT", "",
+    "test hook for hcomm train: 'RANK:STEP' makes rank RANK kill itself (SIGKILL) as step STEP begins, on the "
+    "first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT 0), to rehearse a lost rank")
+
+MARKER = "hcomm_train_checkpoint.json"
+# Arguments that change what training computes: a checkpoint taken under
+# other values cannot continue this run.
+SHAPING_ARGS = ("model", "hf", "seed", "lr", "global_batch", "seq_len", "data", "tokenizer", "vocab", "data_bytes")
+
+
+def unsupported(plan) -> Optional[str]:
+    """Why ``plan``'s state cannot be checkpointed here, or None."""
+    dp = plan.dp_group()
+    what = ("a pipeline" if plan.pipeline_groups() else "tensor parallelism" if plan.tensor_groups() else
+            f"ZeRO-{max(r.zero_stage for r in plan.ranks)}" if any(r.zero_stage for r in plan.ranks) else
+            "FSDP2" if plan.backend == "fsdp2-gloo" else
+            f"outer sync every {dp.sync_every} steps" if dp.sync_every > 1 else None)
+    if what is None:
+        return None
+    return (f"--checkpoint-every: plan '{plan.name}' uses {what}; checkpoints cover data-parallel plans "
+            f"(hcomm or the DDP baseline) in this version")
+
+
+def fingerprint(args, plan) -> dict:
+    return {"plan": plan.to_yaml(), **{k: getattr(args, k, None) for k in SHAPING_ARGS}}
+
+
+def _steps(directory: str) -> List[int]:
+    """Steps of the complete checkpoints in ``directory``, oldest first."""
+    done = []
+    for path in glob.glob(os.path.join(directory, "step-*")):
+        name = os.path.basename(path)[len("step-"):]
+        if name.isdigit() and os.path.exists(os.path.join(path, MARKER)):
+            done.append(int(name))
+    return sorted(done)
+
+
+def _state_dicts(pm, optimizer):
+    """DCP's (model, optimizer) state dicts, the optimizer's state created if it has none yet.
+
+    torch creates it with a zero-lr step on zero gradients, but only where no
+    parameter has a ``.grad``, and then sets them to None; hcomm's gradient
+    sync points every ``.grad`` at a view of its bucket from the start, so
+    without this the state would stay empty (a resumed AdamW would restart
+    its moments) or the views would be lost (gradients left unreduced)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if optimizer.state:
+        return get_state_dict(pm.model, optimizer)
+    params = list(pm.model.parameters())
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        return get_state_dict(pm.model, optimizer)
+    finally:
+        for p, g in zip(params, grads):
+            p.grad = g
+
+
+def save(directory: str, steps_done: int, pm, optimizer, records: List[dict], shape: dict, rank: int,
+         world: int, group) -> str:
+    """Every rank calls this after step ``steps_done - 1``; returns the checkpoint's path."""
+    import torch.distributed.checkpoint as dcp
+
+    tmp = os.path.join(directory, f".step-{steps_done}.tmp")
+    final = os.path.join(directory, f"step-{steps_done}")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier(group=group)
+    model_state, optim_state = _state_dicts(pm, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp, process_group=group)
+    mine = {"records": records, "samples": pm.samples,
+            "loss_scale": vars(pm.precision.loss_scale) if pm.precision is not None and
+            pm.precision.loss_scale is not None else None,
+            "skipped_steps": pm.precision.skipped_steps if pm.precision is not None else 0}
+    torch.save(mine, os.path.join(tmp, f"rank-{rank}.pt"))
+    dist.barrier(group=group)   # every rank's files are written
+    if rank == 0:
+        with open(os.path.join(tmp, MARKER), "w") as f:
+            json.dump({"steps_done": steps_done, "world_size": world, **shape}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in _steps(directory):
+            if old < steps_done:
+                shutil.rmtree(os.path.join(directory, f"step-{old}"), ignore_errors=True)
+    dist.barrier(group=group)   # no rank runs ahead of the rename
+    return final
+
+
+def saved_plan(directory: str) -> Optional[str]:
+    """The plan YAML of the newest complete checkpoint in ``directory``, or None."""
+    done = _steps(directory) if directory and os.path.isdir(directory) else []
+    if not done:
+        return None
+    with open(os.path.join(directory, f"step-{done[-1]}", MARKER)) as f:
+        return json.load(f)["plan"]
+
+
+def latest(directory: str, shape: dict, world: int) -> Optional[Tuple[int, str]]:
+    """(steps done, path) of the newest complete checkpoint, or None; ValueError if it belongs to another run."""
+    done = _steps(directory) if directory and os.path.isdir(directory) else []
+    if not done:
+        return None
+    path = os.path.join(directory, f"step-{done[-1]}")
+    with open(os.path.join(path, MARKER)) as f:
+        saved = json.load(f)
+    if saved["world_size"] != world:
+        raise ValueError(f"--checkpoint-dir {directory}: {path} was saved by {saved['world_size']} ranks, "
+                         f"this run has {world}")
+    differ = [k for k in shape if saved.get(k) != shape[k]]
+    if differ:
+        raise ValueError(f"--checkpoint-dir {directory}: {path} is of another run (it differs in "
+                         f"{', '.join(differ)}); give another --checkpoint-dir or remove it")
+    return saved["steps_done"], path
+
+
+def load(path: str, pm, optimizer, rank: int, world: int, group) -> List[dict]:
+    """Restore model, optimizer, batch shares and loss scale from ``path``; this rank's records so far."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    model_state, optim_state = _state_dicts(pm, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=path, process_group=group)
+    set_state_dict(pm.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    per_rank = [torch.load(os.path.join(path, f"rank-{r}.pt"), weights_only=False) for r in range(world)]
+    counts = [p["samples"] for p in per_rank]
+    if counts != pm.plan.batch_counts():   # re-split by measured speed before the checkpoint
+        pm.resplit(counts)
+    mine = per_rank[rank]
+    if pm.precision is not None:
+        if mine["loss_scale"] is not None and pm.precision.loss_scale is not None:
+            for key, value in mine["loss_scale"].items():
+                setattr(pm.precision.loss_scale, key, value)
+        pm.precision.skipped_steps = mine["skipped_steps"]
+    return mine["records"]
+
+
+def fault_hook(rank: int, step: int) -> None:
+    """HCOMM_TRAIN_FAULT: this rank dies here on the first attempt, as a lost node would (no clean-up)."""
+    spec = HCOMM_TRAIN_FAULT.get()
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    try:
+        who, when = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"HCOMM_TRAIN_FAULT must be RANK:STEP, got {spec!r}") from None
+    if (who, when) == (rank, step):
+        import signal
+        import sys
+
+        print(f"hcomm train: HCOMM_TRAIN_FAULT: rank {rank} kills itself at step {step}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
