@@ -100,6 +100,10 @@ def case_train(ctx, plan_yaml: str, steps: int, optimizer: str = "sgd", bad_rank
         pm = parallelize(model, plan, groups)
         state = {"step": -1}
         handle = model.blocks[0].register_forward_hook(_nonfinite_hook(ctx, state, bad_rank, bad_step))
+        # The dtype a matmul produced in training: proof that the rank's autocast was on.
+        matmul_dtypes = set()
+        first_linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        witness = first_linear.register_forward_hook(lambda m, i, out: matmul_dtypes.add(str(out.dtype)))
         opt = dp_cases.make_optimizer(model.parameters(), optimizer)
         data = dp_cases.batches(plan.global_batch)
         record = dict(global_loss=[], local_loss=[], skipped=[], loss_scale=[], params=[])
@@ -112,6 +116,8 @@ def case_train(ctx, plan_yaml: str, steps: int, optimizer: str = "sgd", bad_rank
             record["loss_scale"].append(t.loss_scale)
             record["params"].append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
         handle.remove()
+        witness.remove()
+        record["matmul_dtypes"] = sorted(matmul_dtypes)
         record["dtype"] = pm.precision.dtype if pm.precision is not None else None
         record["final_scale"] = pm.precision.scale if pm.precision is not None else None
         record["skipped_steps"] = pm.precision.skipped_steps if pm.precision is not None else None
