@@ -64,6 +64,25 @@ class WorkPending final : public Pending {
   int source_ = -1;
 };
 
+// A bool SUM in gloo adds the bytes: True on 3 ranks comes back as byte 3,
+// which compares equal as a bool but is not one in memory (views, hashing,
+// serialisation would see it), and hcomm's own kernels give 1.  Fold it back.
+std::function<void()> canonical_bools(const CollectiveArgs& a) {
+  const bool reduces = a.kind == OpKind::kAllReduce || a.kind == OpKind::kReduce || a.kind == OpKind::kReduceScatter;
+  if (!reduces || a.output.dtype != DType::kBool || a.reduce != ReduceOp::kSum || a.output.count == 0) return nullptr;
+  Buffer out = a.output;
+  return [out] { from_buffer(out).view(at::kByte).clamp_max_(1); };
+}
+
+// gloo cannot receive an empty message from any source ("offset <
+// this->size. 0 vs 0", and the sender then waits out the timeout), so every
+// empty message travels as one byte: senders and receivers agree on it
+// without knowing how the other side was posted.
+at::Tensor wire_tensor(const Buffer& buf) {
+  if (buf.bytes() == 0) return at::zeros({1}, at::kByte);
+  return bytes_view(buf);
+}
+
 }  // namespace
 
 C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
@@ -192,6 +211,7 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::issue(const CollectiveArgs& a) {
 void C10dTransport::run(const CollectiveArgs& a) {
   auto work = issue(a);
   guarded(library_, rank_, op_name(a.kind), [&] { work->wait(timeout()); });
+  if (auto fix = canonical_bools(a)) fix();
 }
 
 bool C10dTransport::start(const CollectiveArgs& a, std::function<void(std::exception_ptr)> done) {
@@ -200,6 +220,12 @@ bool C10dTransport::start(const CollectiveArgs& a, std::function<void(std::excep
   // issuing anything, so the op takes the worker path and waits there.
   if (library_ == "gloo" && a.kind == OpKind::kReduceScatter) return false;
   auto work = issue(a);
+  if (auto fix = canonical_bools(a)) {
+    done = [fix, done = std::move(done)](std::exception_ptr error) {
+      if (!error) fix();
+      done(error);
+    };
+  }
   std::string library = library_;
   const int rank = rank_;
   const char* what = op_name(a.kind);
@@ -237,7 +263,7 @@ bool C10dTransport::start(const CollectiveArgs& a, std::function<void(std::excep
 }
 
 std::unique_ptr<Pending> C10dTransport::isend(const Buffer& buf, int peer, int tag) {
-  std::vector<at::Tensor> ts{bytes_view(buf)};
+  std::vector<at::Tensor> ts{wire_tensor(buf)};
   c10::intrusive_ptr<c10d::Work> work;
   guarded(library_, rank_, "send", [&] { work = backend_->send(ts, peer, tag); });
   return std::make_unique<WorkPending>(std::move(work), library_, rank_,
@@ -246,7 +272,7 @@ std::unique_ptr<Pending> C10dTransport::isend(const Buffer& buf, int peer, int t
 }
 
 std::unique_ptr<Pending> C10dTransport::irecv(const Buffer& buf, int peer, int tag) {
-  std::vector<at::Tensor> ts{bytes_view(buf)};
+  std::vector<at::Tensor> ts{wire_tensor(buf)};
   c10::intrusive_ptr<c10d::Work> work;
   guarded(library_, rank_, "recv", [&] {
     work = peer < 0 ? backend_->recvAnysource(ts, tag) : backend_->recv(ts, peer, tag);
