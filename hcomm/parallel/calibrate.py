@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from hcomm.parallel.precision import TORCH_DTYPES, Precision
+from hcomm.parallel.precision import COMPUTE_DTYPES, Precision
 
 
 @dataclass
@@ -57,6 +57,8 @@ def _piece_pass(piece, x, targets, upstream, is_head: bool, dtype: str):
 def calibrate(model: torch.nn.Module, dtypes: Sequence[str], *, micro_batch: int = 2, seq_len: int = 64,
               vocab_size: int = 512, seed: int = 0) -> Dict[str, object]:
     """Per-piece and end-to-end deviations of each dtype in ``dtypes`` from fp32 (see module docstring)."""
+    if "fp8" in dtypes:   # swapped linears stay plain F.linear outside fp8's autocast: fp32 is unchanged
+        Precision("fp8").prepare(model)
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(vocab_size, (micro_batch, seq_len), generator=gen)
     targets = torch.randint(vocab_size, (micro_batch, seq_len), generator=gen)
@@ -124,12 +126,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     try:
         kind = device_kind(args.device or local_device_name())
-        dtypes = args.dtypes.split(",") if args.dtypes else [d for d in kind.dtypes if d in TORCH_DTYPES and d != "fp32"]
+        dtypes = args.dtypes.split(",") if args.dtypes else [d for d in kind.dtypes if d != "fp32"]
         for d in dtypes:
             if d not in kind.dtypes:
                 raise ValueError(f"--dtypes: {kind.name} cannot compute in {d} ({kind.notes})")
-            if d not in TORCH_DTYPES:
-                raise ValueError(f"--dtypes: {d!r} is not one of {', '.join(TORCH_DTYPES)} (fp8 is not implemented)")
+            if d not in COMPUTE_DTYPES:
+                raise ValueError(f"--dtypes: {d!r} is not one of {', '.join(COMPUTE_DTYPES)}")
         config = get_config(args.model)
     except ValueError as e:
         print(f"hcomm calibrate: error: {e}", file=sys.stderr)

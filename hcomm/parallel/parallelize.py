@@ -297,8 +297,11 @@ def _precision(pm: ParallelModel, shared_scale: bool):
     from hcomm.parallel.precision import Precision
 
     fp16 = any(r.compute_dtype == "fp16" for r in plan.ranks)
-    return Precision(plan.ranks[pm.rank].compute_dtype, rank=pm.rank, device=local_device_name(),
-                     device_type=next(pm.model.parameters()).device.type, loss_scaling=fp16 if shared_scale else None)
+    precision = Precision(plan.ranks[pm.rank].compute_dtype, rank=pm.rank, device=local_device_name(),
+                          device_type=next(pm.model.parameters()).device.type,
+                          loss_scaling=fp16 if shared_scale else None)
+    precision.prepare(pm.model)   # fp8: the linears' matmuls in fp8, the same Parameters
+    return precision
 
 
 def _pipeline(pm: ParallelModel, bucket_bytes: int, compression: str) -> None:

@@ -386,8 +386,11 @@ def _check_precision(plan: Any) -> None:
     if not low:
         return
     fp8 = [i for i in low if plan.ranks[i].compute_dtype == "fp8"]
-    if fp8:   # every rank must learn this before the first collective, not only the fp8 rank
-        raise PlanError(f"ranks[{fp8[0]}].compute_dtype: fp8 compute is not implemented in hcomm yet; use bf16 or fp16")
+    if fp8 and (plan.pipeline_groups() or plan.tensor_groups()):
+        # every rank must learn this before the first collective, not only the fp8 rank: pipeline stages
+        # autocast on their own and the TP layers do their own matmuls, neither routed through fp8 yet
+        raise PlanError(f"ranks[{fp8[0]}].compute_dtype: fp8 runs on plain data parallelism for now "
+                        f"(not with pipeline or tensor parallelism); use bf16")
     if plan.backend != "hcomm" or plan.ranks[0].zero_stage or any(g.sync_every > 1 for g in plan.groups):
         raise PlanError(f"ranks[{low[0]}].compute_dtype: {plan.ranks[low[0]].compute_dtype} runs on hcomm's "
                         f"synchronous data parallelism and pipelines for now (not with ZeRO, sync_every or a torch "

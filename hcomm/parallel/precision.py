@@ -18,6 +18,9 @@ must agree across ranks stays fp32:
   gradients non-finite too) skips the optimizer step on every rank: one 1-element MAX all-reduce
   of the flag per step, so ranks never diverge; fp16 ranks then halve S.
 
+fp8 (opt-in on kinds that have it) is bf16 autocast plus fp8 matmuls in the
+model's linears (``prepare`` swaps them; hcomm/parallel/fp8.py).
+
 Why not torch's ``GradScaler``: it unscales a rank's own gradients before
 its own optimizer and decides overflow per rank; here the unscale belongs
 inside the cross-rank reduction (ranks scale differently or not at all) and
@@ -36,6 +39,9 @@ import torch.distributed as dist
 from hcomm.parallel.devices import best_low_precision, device_kind, supports
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8 is opt-in (a plan's compute_dtype), never a kind's default: its linears' matmuls in fp8 and the
+# rest in bf16 (hcomm/parallel/fp8.py)
+COMPUTE_DTYPES = (*TORCH_DTYPES, "fp8")
 PRECISIONS = ("fp32", "per-device")
 
 
@@ -46,11 +52,8 @@ def per_device_dtypes(devices: Sequence[str]) -> List[str]:
 
 def check_dtype(rank: int, device: str, dtype: str) -> None:
     """ValueError naming the rank and field when ``device`` cannot compute in ``dtype``."""
-    if dtype == "fp8":
-        raise ValueError(f"ranks[{rank}].compute_dtype: fp8 compute is not implemented in hcomm yet "
-                         f"(needs torch's scaled fp8 matmuls on an fp8 device); use bf16 or fp16")
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"ranks[{rank}].compute_dtype: {dtype!r} is not one of {', '.join(TORCH_DTYPES)}")
+    if dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"ranks[{rank}].compute_dtype: {dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
     if device and not supports(device, dtype):
         kind = device_kind(device)
         raise ValueError(f"ranks[{rank}].compute_dtype: {kind.name} cannot compute in {dtype} ({kind.notes}); "
@@ -87,7 +90,7 @@ class Precision:
         (the loss is scaled on the last stage and its gradients flow through all of them), and every
         rank's scale moves in step because the overflow decision is global."""
         check_dtype(rank, device, dtype)
-        self.dtype = dtype
+        self.dtype, self.rank = dtype, rank
         self.device_type = device_type
         scaled = dtype == "fp16" if loss_scaling is None else loss_scaling
         self.loss_scale = LossScale() if scaled else None
@@ -98,10 +101,27 @@ class Precision:
         """What the loss is multiplied by before backward (and the gradients divided by in the reduction)."""
         return self.loss_scale.scale if self.loss_scale is not None else 1.0
 
+    def prepare(self, model: torch.nn.Module) -> None:
+        """fp8: swap the model's linears (not the head) to fp8 matmuls, same Parameters; others: nothing."""
+        if self.dtype == "fp8":
+            from hcomm.parallel.fp8 import enable_fp8_linears
+
+            enable_fp8_linears(model)
+
     def autocast(self):
         if self.dtype == "fp32":
             return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=TORCH_DTYPES[self.dtype])
+        if self.dtype != "fp8":
+            return torch.autocast(self.device_type, dtype=TORCH_DTYPES[self.dtype])
+        from hcomm.parallel.fp8 import any_swapped, fp8_active
+
+        if not any_swapped():   # else the rank would silently train in bf16
+            raise RuntimeError(f"ranks[{self.rank}].compute_dtype: fp8 needs Precision.prepare(model) "
+                               f"before the first forward")
+        stack = contextlib.ExitStack()   # everything but the swapped linears' matmuls in bf16
+        stack.enter_context(torch.autocast(self.device_type, dtype=torch.bfloat16))
+        stack.enter_context(fp8_active())
+        return stack
 
     def overflow(self, grads: Iterable[torch.Tensor], group) -> bool:
         """Whether any rank holds a non-finite gradient this step (collective over ``group``: every

@@ -68,8 +68,8 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
             raise ValueError(f"--plan {entry}: {key} must be a positive integer, got {out[key]!r}")
     if out.get("split", "auto") not in ("auto", "uniform", "parameters"):
         raise ValueError(f"--plan {entry}: split must be auto, uniform or parameters, got {out['split']!r}")
-    if out.get("precision", "fp32") not in ("fp32", "per-device"):
-        raise ValueError(f"--plan {entry}: precision must be fp32 or per-device, got {out['precision']!r}")
+    if out.get("precision", "fp32") not in ("fp32", "per-device", "fp8"):
+        raise ValueError(f"--plan {entry}: precision must be fp32, per-device or fp8, got {out['precision']!r}")
     if out.get("schedule", "1f1b") not in ("gpipe", "1f1b", "interleaved-1f1b"):
         raise ValueError(f"--plan {entry}: schedule must be gpipe, 1f1b or interleaved-1f1b, got {out['schedule']!r}")
     if "zero" in out and out["zero"] not in ("0", "1", "2", "3"):
@@ -288,13 +288,15 @@ def pipeline_tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]
 
 
 def apply_precision(plan, view, precision: str) -> None:
-    """``per-device``: every rank computes in its device kind's best dtype (``parallel/precision.py``)."""
+    """``per-device``: every rank computes in its device kind's best dtype (``parallel/precision.py``);
+    ``fp8``: the same, with fp8 matmuls on the kinds that have them (H100/H800)."""
     if precision == "fp32":
         return
+    from hcomm.parallel.devices import supports
     from hcomm.parallel.precision import per_device_dtypes
 
     for r, dtype in zip(plan.ranks, per_device_dtypes(view.devices)):
-        r.compute_dtype = dtype
+        r.compute_dtype = "fp8" if precision == "fp8" and supports(view.devices[r.rank], "fp8") else dtype
     plan.notes.append("per-device precision: " + ", ".join(f"rank {r.rank} {view.devices[r.rank]} {r.compute_dtype}"
                                                            for r in plan.ranks)
                       + "; fp32 parameters, optimizer state and gradient reduction; fp16 ranks scale the loss")

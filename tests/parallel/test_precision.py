@@ -72,10 +72,11 @@ def test_check_dtype_names_rank_and_device():
     check_dtype(0, "", "bf16")       # no device given: nothing to check against
 
 
-def test_check_dtype_refuses_fp8_and_unknown_dtypes_and_devices():
-    with pytest.raises(ValueError, match=r"^ranks\[1\]\.compute_dtype: fp8 compute is not implemented"):
-        check_dtype(1, "H100", "fp8")   # even on a device that has fp8
-    with pytest.raises(ValueError, match=r"^ranks\[2\]\.compute_dtype: 'int8' is not one of fp32, bf16, fp16$"):
+def test_check_dtype_refuses_fp8_where_missing_and_unknown_dtypes_and_devices():
+    check_dtype(1, "H100", "fp8")   # fp8 where the kind has it (tests/parallel/test_fp8.py)
+    with pytest.raises(ValueError, match=r"^ranks\[1\]\.compute_dtype: A100 cannot compute in fp8"):
+        check_dtype(1, "A100", "fp8")
+    with pytest.raises(ValueError, match=r"^ranks\[2\]\.compute_dtype: 'int8' is not one of fp32, bf16, fp16, fp8$"):
         check_dtype(2, "A100", "int8")
     with pytest.raises(ValueError, match="unknown device kind 'TPU'"):
         check_dtype(0, "TPU", "bf16")
@@ -92,8 +93,8 @@ def test_precision_scale_and_refusal():
     assert Precision("fp32").scale == 1.0
     with pytest.raises(ValueError, match=r"ranks\[2\]\.compute_dtype: V100 cannot compute in bf16"):
         Precision("bf16", rank=2, device="V100")
-    with pytest.raises(ValueError, match="fp8 compute is not implemented"):
-        Precision("fp8", device="H800")
+    with pytest.raises(ValueError, match=r"ranks\[0\]\.compute_dtype: V100 cannot compute in fp8"):
+        Precision("fp8", device="V100")
 
 
 @pytest.mark.parametrize("dtype, torch_dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),
@@ -237,7 +238,8 @@ def test_parse_entry_precision_pins():
 
     assert parse_entry("auto@precision=per-device") == ("auto", {"precision": "per-device"})
     assert parse_entry("equal@precision=fp32") == ("equal", {"precision": "fp32"})
-    with pytest.raises(ValueError, match=r"--plan auto@precision=fp64: precision must be fp32 or per-device, "
+    assert parse_entry("auto@precision=fp8") == ("auto", {"precision": "fp8"})
+    with pytest.raises(ValueError, match=r"--plan auto@precision=fp64: precision must be fp32, per-device or fp8, "
                                          r"got 'fp64'"):
         parse_entry("auto@precision=fp64")
     # uniform is torch DDP: the general pin rule refuses it first
