@@ -290,6 +290,10 @@ def set_compression(spec, group=None) -> None:
     ``"fp16"``, ``"fp8e4m3"``, ``"fp8e5m2"``, with ``":ef"`` for error
     feedback) or a :class:`hcomm.compress.CompressConfig`.  Results are exact
     only with ``"none"``; see docs/kernels.md for the measured error.
+
+    On a group of one island (``torchrun --standalone``) there is no weak tier
+    and the call is accepted with nothing to act on, so one script runs
+    unchanged on one host and on many (README's snippet does this).
     """
     from hcomm.compress import resolve
 

@@ -25,7 +25,6 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple, Union
 
-from hcomm.emulate import rankwrap
 from hcomm.emulate.bootstrap import module_command
 from hcomm.emulate.cluster import Cluster, _env_with_hcomm
 from hcomm.emulate.spec import ClusterSpec
