@@ -38,6 +38,25 @@ HCOMM_LINK_BETA = declare(
 _registered = False
 
 
+def forced_algorithm() -> str:
+    """HCOMM_ALGO, checked: an unknown name is an error here rather than silently ignored.
+
+    Only unknown names fail; a known algorithm that some op cannot run falls
+    back to the cost model for that op, as documented.
+    """
+    from hcomm.errors import HCommValueError
+
+    name = str(HCOMM_ALGO.get()).strip()
+    if not name:
+        return ""
+    from hcomm import _C
+
+    choices = [n for n, _ in _C.algorithms()]
+    if name not in choices:
+        raise HCommValueError(f"HCOMM_ALGO={name!r} is not an algorithm (choose from: {', '.join(choices)})")
+    return name
+
+
 def _devices():
     from hcomm import _C
 
@@ -106,7 +125,7 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
     alpha = HCOMM_LINK_ALPHA.get() if HCOMM_LINK_ALPHA.raw() else flat.alpha
     beta = HCOMM_LINK_BETA.get() if HCOMM_LINK_BETA.raw() else flat.beta
     pg = _C.ProcessGroupHComm(store, rank, size, timeout, host, device,
-                              algorithm=HCOMM_ALGO.get(), debug=HCOMM_DEBUG.get(), alpha=alpha, beta=beta)
+                              algorithm=forced_algorithm(), debug=HCOMM_DEBUG.get(), alpha=alpha, beta=beta)
     if island_pg is not None:
         intra, inter = topo.links["intra"], topo.links["inter"]
         pg.set_hierarchy(topo.islands, island_pg, intra.alpha, intra.beta, inter.alpha, inter.beta,

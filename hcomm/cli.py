@@ -30,10 +30,36 @@ def _usage() -> str:
 
 
 def _settings_main(argv: List[str]) -> int:
-    from hcomm.settings import markdown_table
+    import argparse
 
-    print(markdown_table())
+    from hcomm.settings import effective_table
+
+    p = argparse.ArgumentParser(prog="hcomm settings", description=SUBCOMMANDS["settings"][1]
+                                + ", and the value in effect in this environment")
+    p.parse_args(argv)
+    print(effective_table())
     return 0
+
+
+def _user_errors() -> tuple:
+    """Exceptions that mean the user asked for something wrong: one line, no traceback."""
+    from hcomm.errors import HCommValueError
+
+    errors = [ValueError, HCommValueError, FileNotFoundError]
+    try:
+        from hcomm.emulate.spec import SpecError
+
+        errors.append(SpecError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _run(name: str, rest: List[str]) -> int:
+    if name == "settings":
+        return _settings_main(rest)
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -45,10 +71,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"hcomm: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    if name == "settings":
-        return _settings_main(rest)
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    # built before the try: importing yaml's C extension while an exception
+    # (e.g. argparse's SystemExit for --help) is in flight fails
+    user_errors = _user_errors()
+    try:
+        return _run(name, rest)
+    except user_errors as exc:  # anything else is a bug and keeps its traceback
+        print(f"hcomm {name}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

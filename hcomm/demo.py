@@ -21,10 +21,16 @@ def _parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--nprocs", type=int, default=4, help="local ranks to spawn when not on the emulator")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--max-bytes", type=int, default=16 << 20)
+    p.add_argument("--max-bytes", default="16M", help="largest size, as hcomm bench takes it (e.g. 64K, 16M)")
     p.add_argument("--local", action="store_true", help="local ranks, no emulated cluster")
     p.add_argument("--cluster", default=None, help="emulator preset or spec (default: the default preset)")
     args = p.parse_args(argv)
+    from hcomm.bench.cli import UsageError, parse_size
+
+    try:  # the one size parser, so demo takes what bench takes
+        args.max_bytes = parse_size(args.max_bytes, "--max-bytes")
+    except UsageError as exc:
+        p.error(str(exc))
     if args.nprocs < 1 or args.iters < 1 or args.warmup < 0:
         p.error("--nprocs and --iters must be >= 1, --warmup >= 0")
     return args

@@ -94,6 +94,18 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+
+def effective_table() -> str:
+    """The table ``hcomm settings`` prints: the default and the value in effect here."""
+    rows = ["| setting | in effect | default | meaning |", "| --- | --- | --- | --- |"]
+    for s in all_settings():
+        default = "(unset)" if s.default in (None, "") else f"`{s.default}`"
+        raw = s.raw()
+        effect = f"`{raw}` (set)" if raw not in (None, "") else default
+        rows.append(f"| `{s.name}` | {effect} | {default} | {s.help} |")
+    return "\n".join(rows)
+
+
 # Read by setup.py at build time (setup.py cannot import the package it builds);
 # declared here so it is documented with the rest.
 HCOMM_BUILD_CUDA = declare(

@@ -128,6 +128,19 @@ def config_from_args(argv: List[str]) -> tuple:
             raise UsageError(f"backend {b!r} is not available here (available: {', '.join(have)})")
     if op.hcomm_api and "hcomm" in names and bk.missing_hcomm_api(op.hcomm_api):
         raise UsageError(f"{op.name} on backend hcomm needs hcomm.{op.hcomm_api}, which this build lacks")
+    if a.algo:
+        from hcomm import algorithms
+
+        choices = [n for n, _ in algorithms()]
+        if a.algo not in choices:  # only unknown names: a known one some ops lack falls back, as documented
+            raise UsageError(f"--algo {a.algo!r} is not an algorithm (choose from: {', '.join(choices)})")
+    if not a.algo and "hcomm" in names:
+        from hcomm._backend import forced_algorithm
+
+        try:  # a bad HCOMM_ALGO would otherwise fail in every rank after the launch
+            forced_algorithm()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if a.algo and "hcomm" not in names:
         raise UsageError(f"--algo {a.algo} applies to backend hcomm, which is not in --backends")
     if a.plot_path:
@@ -204,7 +217,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         cfg, nprocs = config_from_args(argv)
     except UsageError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)

@@ -92,7 +92,13 @@ def rank_info(rank: int, device: torch.device) -> Dict[str, Any]:
     dev = str(device)
     if device.type == "cuda":
         dev = f"{dev} ({torch.cuda.get_device_name(device)})"
-    return {"rank": rank, "host": socket.gethostname(),
+    host = socket.gethostname()
+    node, kind = os.environ.get("HCOMM_EMU_NODE"), os.environ.get("HCOMM_EMU_DEVICE")
+    if node:  # under hcomm emulate run every rank shares one host: name what it stands for
+        host = f"{node} (emulated)"
+    if kind:
+        dev = f"{kind} (emulated on {dev})"
+    return {"rank": rank, "host": host,
             "island": os.environ.get("HCOMM_EMU_ISLAND") or None, "device": dev}
 
 

@@ -213,10 +213,14 @@ class Sweep:
     def run(self) -> List[Dict[str, Any]]:
         records: List[Dict[str, Any]] = []
         counts = self.counts()
-        bar = self._progress(len(counts) * len(self.cfg.backends))
+        total = len(counts) * len(self.cfg.backends)
+        bar = self._progress(total)
+        done = 0
         for count in counts:
             first = None
             for backend in self.cfg.backends:
+                self._announce(bar, done, total, backend, count)
+                done += 1
                 record = self.case(count, backend)
                 if bar is not None:
                     bar.update(1)
@@ -230,6 +234,14 @@ class Sweep:
         if bar is not None:
             bar.close()
         return records
+
+    def _announce(self, bar, done: int, total: int, backend: str, count: int) -> None:
+        # piped output (hcomm emulate run, CI logs) gets no bar: a flushed line per
+        # case instead, so a long sweep shows it is alive before each row lands
+        if bar is not None or self.rank != 0 or not self.cfg.progress or sys.stderr.isatty():
+            return
+        print(f"# progress: case {done + 1}/{total}: {self.cfg.op} {backend} count {count}",
+              file=sys.stderr, flush=True)
 
     def _progress(self, total: int):
         # rank 0 only, on stderr, and only for a person watching a terminal

@@ -215,7 +215,8 @@ def build_parser():
     p.add_argument("--iters", type=int, default=10, help="at most this many large round trips per pair")
     p.add_argument("--budget-s", type=float, default=0.5, help="target seconds of large round trips per pair")
     p.add_argument("--serial", action="store_true", help="one pair at a time (shared uplinks)")
-    p.add_argument("--heatmap", default="hcomm-topo.png", help="PNG path ('' for none)")
+    # no default path: a measurement must not drop files into the current folder unasked
+    p.add_argument("--heatmap", default=None, metavar="PATH", help="also write the alpha/beta heatmap as a PNG")
     p.add_argument("--json", dest="json_path", help="write the pairs as JSON")
     return p
 
@@ -230,6 +231,10 @@ def parse(argv: List[str]):
         raise UsageError("--small-iters and --iters must be at least 1")
     if a.budget_s <= 0:
         raise UsageError(f"--budget-s ({a.budget_s}) must be positive")
+    if a.heatmap:
+        from hcomm.bench.cli import _check_output_path
+
+        _check_output_path(a.heatmap, "--heatmap")
     from hcomm.bench.spawn import under_launcher
 
     if not under_launcher() and a.nprocs < 2:
@@ -242,7 +247,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         a = parse(argv)
     except UsageError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)

@@ -114,7 +114,7 @@ class ClusterSpec:
                     "uplink": {"bandwidth": f"{n.uplink_bandwidth_bps:.0f}B/s",
                                "latency": f"{n.latency_s * 1e6:.3f}us", "loss": n.loss},
                     "ranks": [{"rank": r.rank, "device": r.device, "speed": r.speed,
-                               "memory": r.memory_bytes} for r in n.ranks],
+                               "memory": f"{r.memory_bytes}B"} for r in n.ranks],
                 }
                 for n in self.nodes
             ],
@@ -151,7 +151,18 @@ def _label(value, path: str, regex=_LABEL_RE) -> str:
     return str(value)
 
 
+# what a field without a unit is refused with: the example to copy
+_UNIT_EXAMPLES = {units.parse_bandwidth: "1gbit", units.parse_latency: "1ms", units.parse_memory: "16GiB"}
+
+
 def _unit(parser, value, path: str):
+    # a bare number is refused (zero aside): `latency: 1` once meant one second
+    # without a word, where the writer most likely meant 1ms
+    bare = isinstance(value, (int, float)) and not isinstance(value, bool) or \
+        isinstance(value, str) and re.fullmatch(r"\s*[\d.]+(?:[eE][-+]?\d+)?\s*", value) is not None
+    if bare and float(value) != 0:
+        raise _fail(path, f"needs a unit, got {value!r} (e.g. {path.rsplit('.', 1)[-1]}: "
+                    f"{_UNIT_EXAMPLES[parser]})")
     try:
         return parser(value)
     except ValueError as exc:

@@ -4,8 +4,9 @@ YAML says ``100mbit``, ``10GB/s``, ``500us``, ``2GiB``; the API holds bytes
 per second, seconds and bytes.  Bandwidth follows tc's convention that
 ``bit`` suffixes are bits and ``B`` suffixes are bytes, and SI prefixes are
 powers of 1000 for rates (a 10 Gbit link is 10**10 bit/s); memory accepts both
-``GB`` (10**9) and ``GiB`` (2**30).  A bare number means bytes/s, seconds or
-bytes.  Each parser raises ``ValueError`` with the text it could not read; the
+``GB`` (10**9) and ``GiB`` (2**30), and ``B`` for plain bytes.  A bare number
+means bytes/s, seconds or bytes here (the Python API's units); a spec file
+must say its unit, which the spec loader checks.  Each parser raises ``ValueError`` with the text it could not read; the
 spec loader adds the field name.
 """
 from __future__ import annotations
@@ -72,9 +73,9 @@ def parse_memory(value) -> int:
         return int(value)
     text = str(value).strip()
     m = re.fullmatch(_NUM + r"\s*((?:[kKmMgGtT]i?)?)B?", text)
-    if not m or (m.group(2) == "" and not text.replace(".", "").isdigit()):
+    if not m or (m.group(2) == "" and not text.rstrip("B").strip().replace(".", "").isdigit()):
         raise ValueError(f"cannot read memory size {value!r} (examples: 2GiB, 512MiB, 16GB)")
-    number = float(text[: m.start(2)].strip()) if m.group(2) else float(text.rstrip("B"))
+    number = float(text[: m.start(2)].strip()) if m.group(2) else float(text.rstrip("B").strip())
     prefix = m.group(2).lower()
     scale = _BIN[prefix] if prefix.endswith("i") else _SI[prefix]
     return int(number * scale)

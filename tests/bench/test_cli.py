@@ -1,4 +1,6 @@
 """Bad arguments: exit status 2 and a message naming the argument and value."""
+import sys
+
 import pytest
 
 from hcomm.bench import cli, topo
@@ -11,7 +13,7 @@ def run(capsys, argv, main=cli.main):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["allreduce2"], "hcomm bench: unknown op 'allreduce2' (choose from: all_reduce,"),
+    (["allreduce2"], "hcomm bench: error: unknown op 'allreduce2' (choose from: all_reduce,"),
     (["all_reduce", "--min-bytes", "8", "--max-bytes", "4"], "--max-bytes (4) is smaller than --min-bytes (8)"),
     (["all_reduce", "-b", "abc"], "--min-bytes: cannot parse 'abc' as a size"),
     (["all_reduce", "-b", "0"], "--min-bytes (0) must be at least 1"),
@@ -29,12 +31,13 @@ def run(capsys, argv, main=cli.main):
     (["all_reduce", "--backends", "gloo", "--algo", "ring"], "--algo ring applies to backend hcomm"),
     (["all_reduce", "--json", "/nonexistent-dir/x.json"], "--json: directory '/nonexistent-dir' does not exist"),
     (["all_reduce", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["all_reduce", "--algo", "rign"], "--algo 'rign' is not an algorithm (choose from: native, hier, "),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
     rc, err = run(capsys, argv)
     assert rc == 2
     assert message in err
-    assert err.startswith("hcomm bench: ")
+    assert err.startswith("hcomm bench: error: ")
 
 
 def test_help_exits_0(capsys):
@@ -62,7 +65,54 @@ def test_sweep_sizes():
     (["--nprocs", "1"], "--nprocs (1) must be at least 2"),
     (["--small-bytes", "1M", "--large-bytes", "4K"], "--large-bytes (4096) must be larger than --small-bytes"),
     (["--budget-s", "0"], "--budget-s (0.0) must be positive"),
+    (["--heatmap", "/nonexistent-dir/t.png"], "--heatmap: directory '/nonexistent-dir' does not exist"),
 ])
 def test_topo_bad_arguments(capsys, argv, message):
     rc, err = run(capsys, argv, topo.main)
-    assert rc == 2 and message in err and err.startswith("hcomm topo: ")
+    assert rc == 2 and message in err and err.startswith("hcomm topo: error: ")
+
+
+def test_unknown_hcomm_algo_in_the_environment_fails_up_front(capsys, monkeypatch):
+    monkeypatch.setenv("HCOMM_ALGO", "rign")
+    rc, err = run(capsys, ["all_reduce", "--nprocs", "2"])
+    assert rc == 2
+    assert err.startswith("hcomm bench: error: HCOMM_ALGO='rign' is not an algorithm (choose from: native, ")
+    assert "ring" in err and "pairwise" in err
+
+
+def test_known_algorithm_is_accepted_even_where_some_ops_lack_it():
+    cfg, _ = cli.config_from_args(["all_reduce", "--algo", "pairwise", "-e", "64", "--backends", "gloo,hcomm"])
+    assert cfg.algo == "pairwise"
+
+
+def test_topo_writes_no_picture_unless_asked():
+    a = topo.parse(["--nprocs", "2"])
+    assert a.heatmap is None
+    assert topo.parse(["--nprocs", "2", "--heatmap", "t.png"]).heatmap == "t.png"
+
+
+def test_header_names_the_emulated_node_and_device(monkeypatch):
+    import torch
+
+    from hcomm.bench.environment import rank_info
+
+    monkeypatch.setenv("HCOMM_EMU_NODE", "b0")
+    monkeypatch.setenv("HCOMM_EMU_DEVICE", "910B")
+    monkeypatch.setenv("HCOMM_EMU_ISLAND", "b")
+    info = rank_info(3, torch.device("cpu"))
+    assert info == {"rank": 3, "host": "b0 (emulated)", "island": "b", "device": "910B (emulated on cpu)"}
+
+
+def test_piped_progress_prints_a_flushed_line_per_case(capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from hcomm.bench.runner import Sweep
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    me = SimpleNamespace(rank=0, cfg=SimpleNamespace(progress=True, op="all_reduce"))
+    Sweep._announce(me, None, 0, 4, "hcomm", 1024)
+    assert capsys.readouterr().err == "# progress: case 1/4: all_reduce hcomm count 1024\n"
+    Sweep._announce(SimpleNamespace(rank=1, cfg=me.cfg), None, 0, 4, "hcomm", 1024)  # rank 0 only
+    me.cfg.progress = False  # --no-progress
+    Sweep._announce(me, None, 0, 4, "hcomm", 1024)
+    assert capsys.readouterr().err == ""

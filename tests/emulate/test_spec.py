@@ -104,3 +104,36 @@ def test_cpu_plan_fits_budget_per_core():
     slow = plan_cpu(speeds, [0], clock=1.7)  # tiny shares: period grows, no quota under 1 ms
     assert min(slow.quota_us.values()) >= 1000 and slow.period_us > PERIOD_US
     assert slow.quota_us[3] * 2 == pytest.approx(slow.quota_us[0], abs=2)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"uplink": {"bandwidth": "1gbit", "latency": 1}},
+     "nodes[0].uplink.latency: needs a unit, got 1 (e.g. latency: 1ms)"),
+    ({"uplink": {"bandwidth": "1gbit", "latency": "0.5"}},
+     "nodes[0].uplink.latency: needs a unit, got '0.5' (e.g. latency: 1ms)"),
+    ({"uplink": {"bandwidth": 1000000000}},
+     "nodes[0].uplink.bandwidth: needs a unit, got 1000000000 (e.g. bandwidth: 1gbit)"),
+    ({"ranks": [{"device": "A100", "memory": 2147483648}]},
+     "nodes[0].ranks[0].memory: needs a unit, got 2147483648 (e.g. memory: 16GiB)"),
+])
+def test_unit_fields_refuse_bare_numbers(override, message):
+    # `latency: 1` used to mean one second without a word
+    with pytest.raises(SpecError) as err:
+        parse_spec(_spec(**override))
+    assert str(err.value) == message
+
+
+def test_zero_latency_needs_no_unit():
+    spec = parse_spec(_spec(uplink={"bandwidth": "1gbit", "latency": 0}))
+    assert spec.nodes[0].latency_s == 0.0
+
+
+def test_every_preset_and_test_yaml_loads():
+    import glob
+    import os
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in presets():
+        load_spec(name)
+    for path in glob.glob(os.path.join(here, "**", "*.yaml"), recursive=True):
+        load_spec(path)
