@@ -25,8 +25,10 @@ from hcomm.emulate.spec import ClusterSpec, NodeSpec
 from hcomm.emulate.units import tc_rate
 
 SUBNET = "10.77.0"
-MTU = 65000
-_CLONE_NEWNET = 0x40000000  # large packets: a few thousand per second for the user-space wire
+MTU = 65000  # large packets: a few thousand per second for the user-space wire
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 0x80000
 
 
 class EmulatorSetupError(RuntimeError):
@@ -73,20 +75,60 @@ def shape_commands(node: NodeSpec, tun: str, ifb: str) -> List[List[str]]:
     ]
 
 
-def enter(ns: str) -> None:
+def hosts_path(run_id: str) -> str:
+    return os.path.join(state.run_dir(run_id), "hosts")
+
+
+def write_hosts(run_id: str, spec: ClusterSpec) -> str:
+    """The run's hosts file: the host's own entries plus one name per node address.
+
+    torch's TCPStore looks up the name of every client that connects
+    (getnameinfo); inside a namespace no DNS server is reachable, so without
+    an entry each lookup fails (``[c10d] The hostname of the client socket
+    cannot be retrieved. err=-3``) after a resolver timeout.  Lives in the
+    run directory, so teardown removes it with the rest of the run.
+    """
+    try:
+        with open("/etc/hosts") as f:
+            base = f.read()
+    except OSError:
+        base = "127.0.0.1 localhost\n"
+    # Also the IPv4-mapped form: the store listens dual-stack, so it sees
+    # its clients as ::ffff:10.77.0.x, which glibc looks up as IPv6.
+    lines = [f"{ip} {n.name}" for n in spec.nodes for ip in (node_ip(n.index), "::ffff:" + node_ip(n.index))]
+    path = hosts_path(run_id)
+    with open(path, "w") as f:
+        f.write(base.rstrip("\n") + "\n# hcomm emulate: the emulated nodes\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def enter(ns: str, hosts: str = "") -> None:
     """Move the calling process into namespace ``ns`` (network only).
 
     Not ``ip netns exec``: that also remounts /sys for the namespace, which
-    hides /sys/fs/cgroup, and a rank must still reach its cgroups.
+    hides /sys/fs/cgroup, and a rank must still reach its cgroups.  With
+    ``hosts``, the process also gets a private mount namespace in which that
+    file is bind-mounted over /etc/hosts (what ``ip netns exec`` does with
+    /etc/netns/<ns>/hosts, without touching the host's /etc); the mount
+    vanishes with the last process of the node.
     """
     import ctypes
 
+    libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(os.path.join("/run/netns", ns), os.O_RDONLY)
     try:
-        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
             raise OSError(ctypes.get_errno(), f"setns into {ns} failed")
     finally:
         os.close(fd)
+    if hosts:
+        if libc.unshare(_CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+        # Slave, so the bind below does not propagate back to the host's /etc.
+        if libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+            raise OSError(ctypes.get_errno(), "making / a slave mount failed")
+        if libc.mount(hosts.encode(), b"/etc/hosts", None, _MS_BIND, None) != 0:
+            raise OSError(ctypes.get_errno(), f"bind-mounting {hosts} over /etc/hosts failed")
 
 
 def create_node(run_id: str, node: NodeSpec) -> str:
@@ -104,6 +146,7 @@ def create_node(run_id: str, node: NodeSpec) -> str:
 
 
 def create_all(run_id: str, spec: ClusterSpec) -> List[str]:
+    write_hosts(run_id, spec)
     return [create_node(run_id, node) for node in spec.nodes]
 
 
