@@ -8,6 +8,9 @@
   down  [--id RUNID]                                        remove leftovers of
                                                             dead runs (or one run)
   presets                                                   list built-in specs
+  fault --id RUNID ACTION TARGET [ARG]                      inject a fault into a
+                                                            live run (cut, restore,
+                                                            slow, kill, stop, cont)
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--unshaped", action="store_true",
                    help="run all nodes on localhost without namespaces, tc or cgroups "
                         "(NOTHING is emulated but the rank layout and HCOMM_EMU_* variables)")
+    r.add_argument("--fault", action="append", default=[], metavar="WHEN:ACTION:TARGET[:ARG]",
+                   help="fault schedule, repeatable, e.g. 5s:cut:n1 8s:restore:n1 3s:kill:2")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS")
     c = sub.add_parser("check", help="measure links, speeds and memory limits against the spec")
     c.add_argument("--cluster", default=None, help=cluster_help)
@@ -44,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("down", help="remove what dead runs left behind")
     d.add_argument("--id", default=None, help="tear down this run even if its launcher lives")
     sub.add_parser("presets", help="list the built-in presets")
+    f = sub.add_parser("fault", help="inject a fault into a live run (see docs/emulate.md)")
+    f.add_argument("--id", required=True, help="the run id (printed by up; in /run/hcomm-emulate)")
+    f.add_argument("action", choices=["cut", "restore", "slow", "kill", "stop", "cont"])
+    f.add_argument("target", help="node name/index (cut, restore, slow) or global rank")
+    f.add_argument("arg", nargs="?", default="", help="slow: latency=5ms,bandwidth=1Gbit")
     return p
 
 
@@ -55,7 +65,30 @@ def _run(args) -> int:
         print("hcomm emulate run: no command given (usage: hcomm emulate run -- python "
               "train.py ARGS)", file=sys.stderr)
         return 2
+    if args.fault:
+        from hcomm.emulate import faults
+        from hcomm.emulate.launch import run_on
+
+        try:  # a bad schedule fails before anything is brought up
+            steps = [faults.parse_step(t) for t in args.fault]
+        except faults.FaultError as exc:
+            print(f"hcomm emulate run: {exc}", file=sys.stderr)
+            return 2
+        with Cluster(args.cluster, unshaped=args.unshaped) as cluster:
+            faults.run_schedule(cluster.run_id, steps)
+            return run_on(cluster, command)
     return run(args.cluster, command, unshaped=args.unshaped)
+
+
+def _fault(args) -> int:
+    from hcomm.emulate import faults
+
+    try:
+        faults.Faults(args.id).apply(args.action, args.target, args.arg)
+    except faults.FaultError as exc:
+        print(f"hcomm emulate fault: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _check(args) -> int:
@@ -122,7 +155,8 @@ def main(argv: List[str]) -> int:
                 print(f"{name}{' (default)' if name == catalog.DEFAULT_PRESET else ''}: "
                       f"{load_spec(name).description}")
             return 0
-        return {"run": _run, "check": _check, "show": _show, "up": _up, "down": _down}[args.cmd](args)
+        return {"run": _run, "check": _check, "show": _show, "up": _up, "down": _down,
+                "fault": _fault}[args.cmd](args)
     except SpecError as exc:
         print(f"hcomm emulate: bad cluster spec: {exc}", file=sys.stderr)
         return 2

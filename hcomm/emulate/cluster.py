@@ -68,6 +68,8 @@ class Cluster:
         dies (SIGKILL included), so nothing outlives a crashed launcher long.
         """
         ns = self.netns(node_index)
+        hosts = netns.hosts_path(self.run_id) if ns else ""
+        hosts = hosts if hosts and os.path.exists(hosts) else ""
 
         def _fn() -> None:
             if pdeathsig:
@@ -75,11 +77,17 @@ class Cluster:
 
                 ctypes.CDLL(None).prctl(1, pdeathsig, 0, 0, 0)  # PR_SET_PDEATHSIG
             if ns:
-                netns.enter(ns)
+                netns.enter(ns, hosts)
 
         return _fn
 
     # ---- lifecycle ---------------------------------------------------------
+    def faults(self):
+        """Cut/restore/slow nodes and kill/stop/cont ranks of this live run."""
+        from hcomm.emulate.faults import Faults
+
+        return Faults(self.run_id)
+
     def up(self) -> "Cluster":
         if self.run_id is not None:
             return self  # idempotent: already up

@@ -24,6 +24,12 @@ them, so no wire is ever left behind.
 
 Run as ``python -m hcomm.emulate.wire CONFIG.json``; it prints ``ready`` on
 stdout once every TUN exists.
+
+Faults (:mod:`hcomm.emulate.faults`): on SIGUSR1 the wire re-reads
+``CONFIG.json.faults`` (``{tun: {"latency_s": .., "loss": ..}}``) and
+overrides those ports' latency and loss; ``loss: 1.0`` cuts a node off (every
+packet to or from it is dropped, including any already in flight).  A signal,
+not a socket: the wire stays one select loop with nothing to authenticate.
 """
 from __future__ import annotations
 
@@ -75,6 +81,17 @@ class Switch:
         self.seq = 0
         self.rng = random.Random(seed)
         self.forwarded = 0
+        self.base = {fd: dict(port) for fd, port in self.fds.items()}
+
+    def apply_faults(self, overrides: Dict[str, dict]) -> None:
+        """Reset every port to its spec, then apply ``overrides`` by TUN name."""
+        for fd, port in self.fds.items():
+            port.update(self.base[fd])
+            port.update(overrides.get(port["tun"], {}))
+        cut = {fd for fd, port in self.fds.items() if port["loss"] >= 1.0}
+        if cut:  # packets already queued for a cut node must not arrive after the cut
+            self.heap = [e for e in self.heap if e[2] not in cut]
+            heapq.heapify(self.heap)
 
     def _receive(self, fd: int) -> None:
         src = self.fds[fd]
@@ -139,8 +156,16 @@ def main(argv: List[str]) -> int:
     except OSError:
         pass
     switch = Switch(config["ports"], seed=config.get("seed", 0))
-    print("ready", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+    def _reload(*_):
+        try:
+            with open(argv[0] + ".faults") as f:
+                switch.apply_faults(json.load(f))
+        except (OSError, ValueError):
+            switch.apply_faults({})
+    signal.signal(signal.SIGUSR1, _reload)  # before "ready": an early fault must not kill us
+    print("ready", flush=True)
     switch.serve()
     return 0
 

@@ -1,0 +1,91 @@
+"""Emulator fault injection (issue #18 items 2-3): cut a link, kill or stall a rank mid all_reduce.
+
+Each case runs tests/emulate/faultcheck.py (group timeout 6 s) on ``small``
+(two islands, one rank each), waits for rank 0's ready file (10 good
+all_reduces), applies the fault through ``Cluster.faults()`` and checks which
+ranks raised, with what, how soon, and that every rank process is gone.
+"""
+import io
+import os
+import re
+import threading
+import time
+
+import pytest
+
+from helpers import REPO
+from hcomm.emulate import faults
+
+SMALL = os.path.join(REPO, "tests/emulate/small.yaml")
+JOB = os.path.join(REPO, "tests/emulate/faultcheck.py")
+TIMEOUT_S = 6.0
+SLACK_S = 3.0  # two shared cores: the wake-up after a timeout is not instant
+LINE = re.compile(r"FAULT (\d) raised ([\d.]+) (\w+): (.*)")
+
+
+def test_schedule_parses_and_rejects():
+    assert faults.parse_step("5s:cut:n1") == faults.Step(5.0, "cut", "n1", "")
+    assert faults.parse_step("1.5s:slow:q0:latency=5ms") == \
+        faults.Step(1.5, "slow", "q0", "latency=5ms")
+    with pytest.raises(faults.FaultError, match="ACTION one of cut, restore"):
+        faults.parse_step("5s:unplug:n1")
+
+
+def _rehearse(tmp_path, monkeypatch, action, target, after):
+    import sys
+
+    from hcomm.emulate.cluster import Cluster
+    from hcomm.emulate.launch import run_on
+
+    ready = str(tmp_path / "ready")
+    monkeypatch.setenv("HCOMM_FAULT_READY", ready)
+    buf, res = io.StringIO(), {}
+    with Cluster(SMALL) as c:
+        th = threading.Thread(target=lambda: res.setdefault(
+            "rc", run_on(c, [sys.executable, JOB], out=buf)), daemon=True)
+        th.start()
+        deadline = time.monotonic() + 90
+        while not os.path.exists(ready):
+            assert time.monotonic() < deadline and th.is_alive(), buf.getvalue()[-3000:]
+            time.sleep(0.1)
+        f = c.faults()
+        f.apply(action, target)
+        t0 = time.monotonic()
+        while len(LINE.findall(buf.getvalue())) < (2 if action == "cut" else 1):
+            assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S + 5, buf.getvalue()[-3000:]
+            time.sleep(0.1)
+        after(f)   # let what is left of the job finish (restore the link, resume/kill the rank)
+        th.join(60)
+        assert not th.is_alive(), "run_on still waiting 60 s after the fault"
+        assert f.rank_pids(0) == [] and f.rank_pids(1) == []
+    return {int(r): (float(t), kind, msg) for r, t, kind, msg in LINE.findall(buf.getvalue())}
+
+
+@pytest.mark.emulator
+def test_killed_peer(tmp_path, monkeypatch):
+    got = _rehearse(tmp_path, monkeypatch, "kill", "1", lambda f: None)
+    assert list(got) == [0]
+    t, kind, msg = got[0]
+    assert t < 1.0 + SLACK_S and kind == "DistBackendError"
+    assert "Connection closed by peer [10.77.0.101]" in msg  # q0's address, not its rank
+
+
+@pytest.mark.emulator
+def test_stalled_peer(tmp_path, monkeypatch):
+    got = _rehearse(tmp_path, monkeypatch, "stop", "1", lambda f: f.kill(1))
+    assert list(got) == [0]
+    t, kind, msg = got[0]
+    assert TIMEOUT_S - 0.5 < t < TIMEOUT_S + SLACK_S
+    assert msg.startswith("hcomm: rank 0 timed out after 6000 ms waiting for ALLREDUCE; "
+                          "still waiting for a message from rank 1")
+
+
+@pytest.mark.emulator
+def test_cut_inter_island_link(tmp_path, monkeypatch):
+    # torchrun's agents talk over the same link: restore it so they can finish.
+    got = _rehearse(tmp_path, monkeypatch, "cut", "q0", lambda f: f.restore("q0"))
+    assert sorted(got) == [0, 1]
+    for r in (0, 1):
+        t, _, msg = got[r]
+        assert TIMEOUT_S - 0.5 < t < TIMEOUT_S + SLACK_S
+        assert f"still waiting for a message from rank {1 - r}" in msg
