@@ -94,7 +94,6 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-
 def effective_table() -> str:
     """The table ``hcomm settings`` prints: the default and the value in effect here."""
     rows = ["| setting | in effect | default | meaning |", "| --- | --- | --- | --- |"]
