@@ -31,7 +31,9 @@ from typing import List, Optional, Sequence
 class StragglerWatch:
     margin: float = 0.3     # relative drift of seconds per sample that counts as a straggler (0 = never)
     patience: int = 3       # steps in a row beyond the margin before re-planning
-    settle: int = 2         # steps after a (re)split that set the baseline (their median)
+    # steps after a (re)split that set the baseline, by their median: three, so one hiccup among them
+    # (a 600 ms stall was seen on a loaded 2-core box) cannot inflate it -- the median of two is a mean
+    settle: int = 3
     _seen: List[List[float]] = field(default_factory=list)
     _baseline: Optional[List[float]] = None
     _streak: List[int] = field(default_factory=list)
