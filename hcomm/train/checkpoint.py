@@ -137,23 +137,28 @@ def save(directory: str, steps_done: int, pm, optimizer, records: List[dict], sh
     return final
 
 
-def saved_plan(directory: str) -> Optional[str]:
-    """The plan YAML of the newest complete checkpoint in ``directory``, or None."""
-    done = _steps(directory) if directory and os.path.isdir(directory) else []
-    if not done:
-        return None
-    with open(os.path.join(directory, f"step-{done[-1]}", MARKER)) as f:
-        return json.load(f)["plan"]
-
-
-def latest(directory: str, shape: dict, world: int) -> Optional[Tuple[int, str]]:
-    """(steps done, path) of the newest complete checkpoint, or None; ValueError if it belongs to another run."""
+def _newest(directory: str) -> Optional[Tuple[str, dict]]:
+    """(path, marker) of the newest complete checkpoint in ``directory``, or None."""
     done = _steps(directory) if directory and os.path.isdir(directory) else []
     if not done:
         return None
     path = os.path.join(directory, f"step-{done[-1]}")
     with open(os.path.join(path, MARKER)) as f:
-        saved = json.load(f)
+        return path, json.load(f)
+
+
+def saved_plan(directory: str) -> Optional[str]:
+    """The plan YAML of the newest complete checkpoint in ``directory``, or None."""
+    newest = _newest(directory)
+    return newest[1]["plan"] if newest else None
+
+
+def latest(directory: str, shape: dict, world: int) -> Optional[Tuple[int, str]]:
+    """(steps done, path) of the newest complete checkpoint, or None; ValueError if it belongs to another run."""
+    newest = _newest(directory)
+    if newest is None:
+        return None
+    path, saved = newest
     if saved["world_size"] != world:
         raise ValueError(f"--checkpoint-dir {directory}: {path} was saved by {saved['world_size']} ranks, "
                          f"this run has {world}")

@@ -153,16 +153,9 @@ def _resume(args, plan, pm, optimizer, mine: List[dict], group, rank: int, world
     why = unsupported(plan)
     if why:
         raise ValueError(why)
-    box = [None]
-    if rank == 0:
-        try:
-            box[0] = ("ok", latest(args.checkpoint_dir, fingerprint(args, plan), world))
-        except ValueError as e:
-            box[0] = ("error", str(e))
-    dist.broadcast_object_list(box, src=0, group=group)
-    status, found = box[0]
-    if status == "error":
-        raise ValueError(found)
+    from hcomm.train.worker import _on_rank0   # rank 0 decides; its ValueError is raised on every rank
+
+    found = _on_rank0(lambda: latest(args.checkpoint_dir, fingerprint(args, plan), world), rank)
     if found is None:
         return 0, every
     steps_done, path = found
