@@ -116,7 +116,7 @@ def test_every_plan_the_search_trials_runs_on_the_emulator(emulator, tmp_path):
 def test_a_killed_rank_of_the_other_island_restarts_from_the_checkpoint(emulator, tmp_path):
     """two-node spec (islands x and y over the emulated uplinks): rank 1, alone on the other island's node,
     is SIGKILLed as step 3 begins; both nodes' torchruns restart their ranks, which resume from the
-    checkpoint after step 2 and reach the uninterrupted run's losses bit for bit (same saved plan)."""
+    checkpoint after step 2 and reach the uninterrupted run's losses (same saved plan; within 1e-6)."""
     spec, plan = os.path.join(HERE, "small.yaml"), tmp_path / "plan.yaml"
     common = ["--cluster", spec, *TINY, "--global-batch", "6", "--steps", "5", "--warmup-steps", "1",
               "--resplit-after", "0", "--straggler-margin", "0"]
@@ -135,5 +135,6 @@ def test_a_killed_rank_of_the_other_island_restarts_from_the_checkpoint(emulator
     assert f"resumed from {ckpt}/step-2: steps 1-2 done, continuing at step 3 of 5" in text
     want = json.loads((tmp_path / "ref.json").read_text())["runs"][0]
     got = json.loads((tmp_path / "fault.json").read_text())["runs"][0]
-    assert [s["loss"] for s in got["steps"]] == [s["loss"] for s in want["steps"]]
-    assert got["eval_loss"] == want["eval_loss"]
+    # bound as in tests/train/test_checkpoint_restart.py: runs differ by ~1e-8 on a loaded box
+    assert [s["loss"] for s in got["steps"]] == pytest.approx([s["loss"] for s in want["steps"]], rel=1e-6)
+    assert got["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-6)

@@ -5,14 +5,19 @@ A first run trains 6 steps uninterrupted and saves its plan; the second
 trains the same plan with a checkpoint every 2 steps while rank 1 kills
 itself (SIGKILL, HCOMM_TRAIN_FAULT) as step 3 begins: torchrun restarts every
 rank, they resume from the checkpoint after step 2, and every step's global
-loss and the final eval loss are bitwise those of the uninterrupted run
-(same plan, same global batches, the optimizer's moments restored: nothing
-is recomputed differently, so no tolerance is needed).
+loss and the final eval loss are those of the uninterrupted run (same plan,
+same global batches, the optimizer's moments restored).  Usually bit for bit;
+but two uninterrupted runs of the same plan on this loaded 2-core box already
+differ by up to 1e-8 relative (fp32 kernels' reductions vary between runs),
+so the bound is 1e-6: a resume that lost the optimizer's moments is off by
+2e-2 at the next step, and one that lost the shares by 1e-3.
 """
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", "--vocab", "512",
@@ -49,8 +54,8 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tm
     assert f"resumed from {ckpt}/step-2: steps 1-2 done, continuing at step 3 of 6" in text
     assert f"checkpoint after step 4: {ckpt}/step-4" in text
     want, got = _losses(tmp_path / "ref.json"), _losses(tmp_path / "fault.json")
-    assert got == want, (got, want)
-    assert want[2] == [2, 3, 2, 1]  # the uneven shares survived the restart
+    assert got[0] == pytest.approx(want[0], rel=1e-6) and got[1] == pytest.approx(want[1], rel=1e-6), (got, want)
+    assert got[2] == want[2] == [2, 3, 2, 1]  # the uneven shares survived the restart
     # Only the newest complete checkpoint is kept; no half-written one is left.
     assert sorted(os.listdir(ckpt)) == ["step-4"]
 
