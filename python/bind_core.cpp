@@ -9,6 +9,7 @@
 #include "core/communicator.h"
 #include "core/error.h"
 #include "core/local_transport.h"
+#include "core/stage/copy_engine.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -35,6 +36,7 @@ py::dict record_to_dict(const OpRecord& r) {
     tiers.append(td);
   }
   d["tiers"] = tiers;
+  d["staged_bytes"] = r.staged_bytes;
   d["ok"] = r.error.empty();
   d["error"] = r.error.empty() ? py::object(py::none()) : py::object(py::str(r.error));
   return d;
@@ -57,7 +59,8 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
                    std::vector<std::vector<int64_t>> input_counts, std::vector<std::vector<int64_t>> output_counts,
                    std::string algorithm, bool debug, int timeout_ms, int kill_rank,
                    std::vector<std::vector<int>> islands, std::vector<double> weights,
-                   std::vector<int> reduce_per_rank, bool all_errors) {
+                   std::vector<int> reduce_per_rank, bool all_errors, std::vector<int> staged_ranks,
+                   int64_t bridge_chunk, double stage_beta) {
   auto hub = std::make_shared<LocalHub>(world);
   // Optional islands: one more hub per island for its intra-island transport.
   std::vector<std::shared_ptr<LocalHub>> island_hubs;
@@ -96,6 +99,12 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
       h->intra_link.beta = 1e10;
       h->inter_weight = weights;
       h->proportional = !weights.empty();
+      // Staged ranks stand for a device island: their buffers cross the
+      // islands only through the emulated copy engine (HCOMM_FORCE_STAGING).
+      for (int s : staged_ranks)
+        if (s == r) h->staging = stage::emulated_engine();
+      h->bridge_chunk_bytes = static_cast<size_t>(bridge_chunk);
+      if (stage_beta > 0) h->stage_link.beta = stage_beta;
       comms.back()->set_link_model(h->inter_link);
       comms.back()->set_hierarchy(h);
     }
@@ -239,6 +248,7 @@ void bind_core(py::module_& m) {
         py::arg("algorithm") = "", py::arg("debug") = false, py::arg("timeout_ms") = 10000, py::arg("kill_rank") = -1,
         py::arg("islands") = std::vector<std::vector<int>>{}, py::arg("weights") = std::vector<double>{},
         py::arg("reduce_per_rank") = std::vector<int>{}, py::arg("all_errors") = false,
+        py::arg("staged_ranks") = std::vector<int>{}, py::arg("bridge_chunk") = 0, py::arg("stage_beta") = 0.0,
         "Run one collective on `world` in-process thread ranks (test harness).");
   m.def("local_sequence", &local_sequence, py::arg("world"), py::arg("ops"), py::arg("debug") = false,
         py::arg("timeout_ms") = 10000, "Run a sequence of collectives per thread rank (test harness).");

@@ -33,6 +33,7 @@ struct OpRecord {
   double seconds = 0;            // measured on the worker, issue to completion
   double predicted_seconds = 0;  // the cost model's estimate for the chosen algorithm
   std::vector<TierRecord> tiers;
+  size_t staged_bytes = 0;  // copied between device and host staging blocks (both ways)
   int source_rank = -1;  // recv from any source: who sent it
   std::string error;     // empty: the op succeeded; else the message it failed with
 };

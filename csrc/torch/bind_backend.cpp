@@ -132,6 +132,9 @@ void bind_torch(py::module_& m) {
           },
           py::arg("wire"), py::arg("chunk") = 1024, py::arg("error_feedback") = false,
           "Wire dtype code for the inter-island tier (-1: off), fp8 chunk, error feedback.")
+      .def("set_staging", &ProcessGroupHComm::set_staging, py::arg("force"), py::arg("chunk_bytes"),
+           py::arg("copy_alpha") = 10e-6, py::arg("copy_beta") = 10e9,
+           "Host staging of the inter-island tier (force: CPU tensors too, HCOMM_FORCE_STAGING).")
       .def_readwrite("topology_json", &ProcessGroupHComm::topology_json)
       .def_property_readonly("library", [](ProcessGroupHComm& pg) { return pg.communicator().library(); })
       .def_property_readonly("host_backend", &ProcessGroupHComm::host_backend);

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/error.h"
+#include "core/stage/copy_engine.h"
 #include "torch/c10d_transport.h"
 #include "torch/tensor_util.h"
 
@@ -109,6 +110,23 @@ void ProcessGroupHComm::set_compression(std::optional<DType> wire, int64_t chunk
   }
   h->error_feedback = error_feedback;
   if (!h->residuals) h->residuals = std::make_shared<compress::ResidualStore>();
+  comm_->set_hierarchy(std::move(h));
+}
+
+void ProcessGroupHComm::set_staging(bool force, int64_t chunk_bytes, double copy_alpha, double copy_beta) {
+  TORCH_CHECK_VALUE(chunk_bytes >= 0, "hcomm: the bridge chunk must be >= 0 bytes, got ", chunk_bytes);
+  auto current = comm_->hierarchy();
+  if (!current) return;  // one island: nothing crosses a bridge
+  auto h = std::make_shared<Hierarchy>(*current);
+  h->staging = force ? stage::emulated_engine()
+                     : (device_backend_ ? stage::engine_for(DeviceKind::kCUDA) : nullptr);
+  // Every rank must cut bridged messages alike.  Only the staging mode
+  // (set on every rank) bridges today: device tensors stay on the device
+  // backend (hier_applies), and a cluster mixing device and CPU islands will
+  // need the topology exchange to say which ranks stage.
+  h->bridge_chunk_bytes = force ? static_cast<size_t>(chunk_bytes) : 0;
+  h->stage_link.alpha = copy_alpha;
+  h->stage_link.beta = copy_beta;
   comm_->set_hierarchy(std::move(h));
 }
 

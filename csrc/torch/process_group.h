@@ -88,6 +88,10 @@ class ProcessGroupHComm final : public c10d::Backend {
                      std::shared_ptr<Transport> intra_transport = nullptr);
   // Weak-tier compression of the hierarchical all-reduce; wire == nullopt: off.
   void set_compression(std::optional<DType> wire, int64_t chunk, bool error_feedback);
+  // Host staging of the cross-island tier: `force` pushes CPU tensors through
+  // the bridge (HCOMM_FORCE_STAGING; the emulated copy engine), else device
+  // tensors get their device's engine.  `chunk_bytes` must agree on all ranks.
+  void set_staging(bool force, int64_t chunk_bytes, double copy_alpha, double copy_beta);
   std::string topology_json;  // the Python Topology, for hcomm.topology(group)
   const c10::intrusive_ptr<c10d::Backend>& host_backend() const { return host_backend_; }
   std::chrono::milliseconds timeout() const { return timeout_; }

@@ -19,6 +19,10 @@
 
 namespace hcomm {
 
+namespace stage {
+class CopyEngine;
+}
+
 // Latency (seconds) and bandwidth (bytes/second) of one link class.
 struct LinkModel {
   double alpha = 50e-6;
@@ -49,6 +53,15 @@ struct Hierarchy {
   compress::WireFormat wire;
   bool error_feedback = false;
   std::shared_ptr<compress::ResidualStore> residuals;
+  // Host staging of the cross-island tier (stage/): the copy engine for this
+  // rank's buffers when they are device memory or the staging mode is on
+  // (HCOMM_FORCE_STAGING); nullptr: host memory goes to the network direct.
+  std::shared_ptr<stage::CopyEngine> staging;
+  // The chunk every rank cuts bridged cross-island messages into (the same
+  // on all ranks; 0 when no rank of the group stages: messages go whole).
+  size_t bridge_chunk_bytes = 0;
+  // Device<->host copies (pinned PCIe; memcpy under the staging mode).
+  LinkModel stage_link{10e-6, 10e9};
 
   int my_island(int rank) const { return island_of[rank]; }
   size_t count() const { return islands.size(); }

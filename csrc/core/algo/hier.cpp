@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/kernels/reduce.h"
+#include "core/stage/copy_engine.h"
 
 namespace hcomm {
 
@@ -96,8 +97,25 @@ bool hier_applies(const CollectiveArgs& a, const AlgoContext& ctx, std::initiali
   if (!kind_ok) return no("");
   if (ctx.hierarchy == nullptr || ctx.hierarchy->count() < 2) return no("the group spans one island");
   if (contiguous && !islands_contiguous(*ctx.hierarchy)) return no("islands are not contiguous rank ranges");
-  if (a.input.device != DeviceKind::kCPU) return no("device buffers need host staging, not implemented yet");
+  if (a.input.device != DeviceKind::kCPU) {
+    if (!staging_engine(*ctx.hierarchy, a.input)) return no("no copy engine for this rank's device memory");
+    // The bridge (stage/) carries the cross-island tier of device buffers;
+    // the intra-island tier on the device library (NCCL/HCCL natively
+    // through run_flat) has not run on a GPU yet, so device buffers stay on
+    // the device backend until it has.  HCOMM_FORCE_STAGING runs the bridge.
+    return no("device buffers: the intra-island tier on the device library is not verified on hardware yet");
+  }
   return true;
+}
+
+stage::CopyEngine* staging_engine(const Hierarchy& h, const Buffer& b) {
+  return h.staging && h.staging->device() == b.device ? h.staging.get() : nullptr;
+}
+
+std::vector<std::vector<Range>> shifted(std::vector<std::vector<Range>> parts, int64_t by) {
+  for (auto& island : parts)
+    for (Range& r : island) r.begin += by, r.end += by;
+  return parts;
 }
 
 bool islands_contiguous(const Hierarchy& h) {

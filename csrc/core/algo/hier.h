@@ -78,4 +78,12 @@ void run_flat(Transport& t, const CollectiveArgs& args, AlgoContext& parent, OpR
 // Element range of island `i`'s blocks, given per-global-rank counts.
 Range island_range(const Hierarchy& h, int island, const std::vector<int64_t>& offsets);
 
+// The copy engine that stages `b` on this rank (Hierarchy::staging, when it
+// serves b's kind of memory), or nullptr when b goes to the network direct.
+stage::CopyEngine* staging_engine(const Hierarchy& h, const Buffer& b);
+
+// Every range moved by `by` elements: the partitions as seen from a host copy
+// whose element 0 is element -by of the caller's buffer.
+std::vector<std::vector<Range>> shifted(std::vector<std::vector<Range>> parts, int64_t by);
+
 }  // namespace hcomm

@@ -10,6 +10,7 @@
 #include "core/algo/cost.h"
 #include "core/algo/hier.h"
 #include "core/algo/registry.h"
+#include "core/stage/bridge.h"
 #include "core/algo/ring.h"
 
 namespace hcomm {
@@ -47,8 +48,8 @@ class HierAllGather final : public Algorithm {
     const Range my_block{off[rank], off[rank + 1]};
     if (my_block.size() > 0 && out.slice(my_block.begin, 0).data != a.input.data)
       std::memmove(out.slice(my_block.begin, 0).data, a.input.data, a.input.bytes());
-    // Phase 1: across islands, by overlap.
-    std::vector<std::unique_ptr<Pending>> ops;
+    // Phase 1: across islands, by overlap (host-staged when `out` is device memory).
+    stage::Bridge bridge(flat, staging_engine(h, out), h.bridge_chunk_bytes, kTagInter);
     size_t inter_bytes = 0;
     for (size_t j = 0; j < h.count(); ++j) {
       if (static_cast<int>(j) == me) continue;
@@ -57,17 +58,18 @@ class HierAllGather final : public Algorithm {
       for (size_t q = 0; q < parts.size(); ++q) {
         Range o = overlap(my_block, parts[q]);
         if (o.size() == 0) continue;
-        ops.push_back(flat.isend(out.slice(o.begin, o.size()), h.islands[j][q], kTagInter));
+        bridge.send(out.slice(o.begin, o.size()), h.islands[j][q]);
         inter_bytes += static_cast<size_t>(o.size()) * dtype_size(out.dtype);
       }
       // ... and my piece of island j's range comes from its block owners.
       Range piece = island_partition(h, me, island_range(h, static_cast<int>(j), off))[h.local_index[rank]];
       for (int owner : h.islands[j]) {
         Range o = overlap(piece, Range{off[owner], off[owner + 1]});
-        if (o.size() > 0) ops.push_back(flat.irecv(out.slice(o.begin, o.size()), owner, kTagInter));
+        if (o.size() > 0) bridge.recv(out.slice(o.begin, o.size()), owner);
       }
     }
-    for (auto& p : ops) p->wait();
+    bridge.finish();
+    record.staged_bytes = bridge.staged_bytes();
     // Phase 2: inside the island, every island's range.
     for (size_t j = 0; j < h.count(); ++j) {
       Range r = island_range(h, static_cast<int>(j), off);

@@ -22,6 +22,7 @@
 #include "core/algo/ring.h"
 #include "core/error.h"
 #include "core/kernels/reduce.h"
+#include "core/stage/copy_engine.h"
 
 namespace hcomm {
 namespace {
@@ -29,18 +30,20 @@ namespace {
 constexpr int64_t kMinChunkBytes = 256 << 10;
 constexpr int kMaxChunks = 16;
 
-// Predicted seconds for one chunk's stages: intra RS, inter exchange, intra AG.
+// Predicted seconds for one chunk's stages: intra RS, copy up (staged),
+// inter exchange, copy down (staged), intra AG.
 struct StageTimes {
-  double rs = 0, inter = 0, ag = 0;
+  double rs = 0, up = 0, inter = 0, down = 0, ag = 0;
 };
 
-StageTimes stage_times(const Hierarchy& h, double bytes, double wire_ratio = 1.0) {
+StageTimes stage_times(const Hierarchy& h, double bytes, double wire_ratio, bool staged) {
   StageTimes t;
   for (size_t i = 0; i < h.count(); ++i) {
     const int s = static_cast<int>(h.islands[i].size());
     const double rs = ring_cost(h.intra_link, s, bytes);
     t.rs = std::max(t.rs, rs);
     t.ag = std::max(t.ag, rs);
+    if (staged) t.up = t.down = std::max(t.up, h.stage_link.time(bytes / s));
     // The island's uplink carries each shard once per other island; ranks
     // that share it divide its bandwidth.
     const int sharing = h.uplink_sharing.empty() ? 1 : std::max(1, h.uplink_sharing[i]);
@@ -50,9 +53,9 @@ StageTimes stage_times(const Hierarchy& h, double bytes, double wire_ratio = 1.0
   return t;
 }
 
-double pipelined(const StageTimes& per_chunk, int chunks) {
-  const double slowest = std::max(per_chunk.rs, std::max(per_chunk.inter, per_chunk.ag));
-  return per_chunk.rs + per_chunk.inter + per_chunk.ag + (chunks - 1) * slowest;
+double pipelined(const StageTimes& c, int chunks) {
+  const double slowest = std::max({c.rs, c.up, c.inter, c.down, c.ag});
+  return c.rs + c.up + c.inter + c.down + c.ag + (chunks - 1) * slowest;
 }
 
 // Bytes on the wire per byte of data on the inter tier.
@@ -62,12 +65,12 @@ double wire_ratio(const Hierarchy& h, const CollectiveArgs& args) {
   return compress::encoded_bytes(static_cast<int64_t>(n), h.wire) / (n * dtype_size(args.input.dtype));
 }
 
-int best_chunks(const Hierarchy& h, double bytes, double ratio) {
+int best_chunks(const Hierarchy& h, double bytes, double ratio, bool staged) {
   int best = 1;
-  double best_t = pipelined(stage_times(h, bytes, ratio), 1);
+  double best_t = pipelined(stage_times(h, bytes, ratio, staged), 1);
   for (int c = 2; c <= kMaxChunks; c *= 2) {
     if (bytes / c < kMinChunkBytes) break;
-    double t = pipelined(stage_times(h, bytes / c, ratio), c);
+    double t = pipelined(stage_times(h, bytes / c, ratio, staged), c);
     if (t < best_t) best = c, best_t = t;
   }
   return best;
@@ -109,8 +112,9 @@ class HierAllReduce final : public Algorithm {
     const Hierarchy& h = *ctx.hierarchy;
     const double bytes = static_cast<double>(args.input.bytes());
     const double ratio = wire_ratio(h, args);
-    const int c = best_chunks(h, bytes, ratio);
-    return pipelined(stage_times(h, bytes / c, ratio), c) + bytes / ctx.reduce_bandwidth;
+    const bool staged = staging_engine(h, args.input) != nullptr;
+    const int c = best_chunks(h, bytes, ratio, staged);
+    return pipelined(stage_times(h, bytes / c, ratio, staged), c) + bytes / ctx.reduce_bandwidth;
   }
   void run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& record) const override;
 };
@@ -123,7 +127,14 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   const int me = h.island_of[rank];
   const int local = h.local_index[rank];
   const Buffer buf = args.input;
-  const int chunks = best_chunks(h, static_cast<double>(buf.bytes()), wire_ratio(h, args));
+  const size_t esize = dtype_size(buf.dtype);
+  // Staged (device memory, or the staging mode): only the copy engine
+  // touches `buf` on the cross-island step.  Chunk k's reduced range goes up
+  // to a host block as soon as the reduce-scatter leaves it (overlapping
+  // chunk k-1 on the wire), crosses on the host transport, and goes back
+  // down before chunk k's all-gather (overlapping chunk k+1 on the wire).
+  stage::CopyEngine* engine = staging_engine(h, buf);
+  const int chunks = best_chunks(h, static_cast<double>(buf.bytes()), wire_ratio(h, args), engine != nullptr);
   const std::vector<int64_t> chunk_counts = even_counts(buf.count, chunks);
   const std::vector<int64_t> chunk_off = offsets_of(chunk_counts);
   record.chunk_bytes = static_cast<size_t>(chunk_counts.empty() ? 0 : chunk_counts[0]) * dtype_size(buf.dtype);
@@ -141,6 +152,16 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
     for (const Range& r : mine) c.push_back(r.size());
     return c;
   };
+
+  std::vector<size_t> host_off(chunks + 1, 0);  // chunk k's range in the host block
+  stage::HostBlock block;
+  std::vector<stage::Ticket> up(chunks), down(chunks);
+  if (engine) {
+    for (int k = 0; k < chunks; ++k)
+      host_off[k + 1] = host_off[k] + static_cast<size_t>(partitions_of(k)[me][local].size()) * esize;
+    block = engine->host_block(host_off[chunks]);
+    record.staged_bytes = 2 * host_off[chunks];
+  }
 
   size_t intra_bytes = 0, inter_bytes = 0;
   double rs_s = 0, inter_s = 0, ag_s = 0;
@@ -168,7 +189,11 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
         auto parts = partitions_of(k);
         Buffer c = buf.slice(chunk_off[k], chunk_counts[k]);
         ring_reduce_scatter_inplace_tagged(intra, c, local_counts(parts[me]), args.reduce, local_ctx, kTagIntraRS);
-        intra_bytes += c.bytes() - static_cast<size_t>(parts[me][local].size()) * dtype_size(buf.dtype);
+        intra_bytes += c.bytes() - static_cast<size_t>(parts[me][local].size()) * esize;
+        if (engine) {
+          const Range mine = parts[me][local];
+          up[k] = engine->to_host(block.data() + host_off[k], buf.slice(mine.begin, 0).data, host_off[k + 1] - host_off[k]);
+        }
         rs_s += secs(t0);
         rs_done.advance();
       }
@@ -184,17 +209,28 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
         if (!rs_done.wait_for(k)) throw Error(ErrorKind::kRuntime, "hcomm: hier all_reduce: intra-island stage failed");
         auto t0 = clock::now();
         auto parts = partitions_of(k);
+        const Range mine = parts[me][local];
+        // The exchange's buffer: `buf` itself, or the host copy of my range
+        // (element 0 = element mine.begin, so the partitions shift with it).
+        Buffer target = buf;
+        int64_t shift = 0;
+        if (engine) {
+          engine->wait(up[k]);
+          target = Buffer{block.data() + host_off[k], mine.size(), buf.dtype};
+          shift = mine.begin;
+          parts = shifted(std::move(parts), -shift);
+        }
         if (compressed_inter(h, args))
-          inter_island_all_reduce_compressed(flat, h, buf, parts, args.reduce,
+          inter_island_all_reduce_compressed(flat, h, target, parts, args.reduce,
                                              // Residuals keyed by buffer length and offset (a
                                              // DDP bucket keeps its length step to step).
-                                             static_cast<int64_t>(buf.count) << 32, &inter_bytes);
+                                             (static_cast<int64_t>(buf.count) << 32) + shift, &inter_bytes);
         else
-          inter_island_all_reduce(flat, h, buf, parts, args.reduce, scratch, &inter_bytes);
-        if (args.reduce == ReduceOp::kAvg) {
-          Range mine = parts[me][local];
-          kernels::divide_by(buf.slice(mine.begin, 0).data, mine.size(), buf.dtype, flat.size());
-        }
+          inter_island_all_reduce(flat, h, target, parts, args.reduce, scratch, &inter_bytes);
+        if (args.reduce == ReduceOp::kAvg)
+          kernels::divide_by(target.slice(mine.begin - shift, 0).data, mine.size(), buf.dtype, flat.size());
+        if (engine)
+          down[k] = engine->to_device(buf.slice(mine.begin, 0).data, target.data, host_off[k + 1] - host_off[k]);
         inter_s += secs(t0);
         x_done.advance();
       }
@@ -208,6 +244,7 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
     for (int k = 0; k < chunks; ++k) {
       if (!x_done.wait_for(k)) break;
       auto t0 = clock::now();
+      if (engine) engine->wait(down[k]);
       auto parts = partitions_of(k);
       Buffer c = buf.slice(chunk_off[k], chunk_counts[k]);
       ring_all_gather_inplace_tagged(intra, c, local_counts(parts[me]), kTagIntraAG);
@@ -220,6 +257,10 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   }
   if (rs_thread.joinable()) rs_thread.join();
   if (x_thread.joinable()) x_thread.join();
+  // Copies still in flight read or write the host block: let them land
+  // before it goes back to the pool, also when a stage failed.
+  if (engine)
+    for (int k = 0; k < chunks; ++k) engine->wait(up[k]), engine->wait(down[k]);
   if (rs_error) std::rethrow_exception(rs_error);
   if (x_error) std::rethrow_exception(x_error);
   if (ag_error) std::rethrow_exception(ag_error);

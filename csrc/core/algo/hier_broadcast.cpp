@@ -5,6 +5,7 @@
 #include "core/algo/cost.h"
 #include "core/algo/hier.h"
 #include "core/algo/registry.h"
+#include "core/stage/bridge.h"
 
 namespace hcomm {
 namespace {
@@ -32,17 +33,20 @@ class HierBroadcast final : public Algorithm {
     // The root leads its own island; elsewhere the island's first rank does.
     auto leader = [&](int island) { return island == root_island ? a.root : h.islands[island].front(); };
     size_t inter_bytes = 0;
+    // Host-staged when the buffer is device memory: the root copies it up
+    // once for every leader, a leader copies it down as its chunks arrive.
+    stage::Bridge bridge(flat, staging_engine(h, a.input), h.bridge_chunk_bytes, kTagInter);
     if (rank == a.root) {
-      std::vector<std::unique_ptr<Pending>> sends;
       for (size_t j = 0; j < h.count(); ++j) {
         if (static_cast<int>(j) == root_island || a.input.count == 0) continue;
-        sends.push_back(flat.isend(a.input, leader(static_cast<int>(j)), kTagInter));
+        bridge.send(a.input, leader(static_cast<int>(j)));
         inter_bytes += a.input.bytes();
       }
-      for (auto& s : sends) s->wait();
     } else if (rank == leader(me) && a.input.count > 0) {
-      flat.irecv(a.input, a.root, kTagInter)->wait();
+      bridge.recv(a.input, a.root);
     }
+    bridge.finish();
+    record.staged_bytes = bridge.staged_bytes();
     CollectiveArgs intra = a;
     intra.root = h.local_index[leader(me)];
     run_flat(*h.intra, intra, ctx, record);

@@ -13,6 +13,7 @@
 #include "core/algo/registry.h"
 #include "core/algo/ring.h"
 #include "core/kernels/reduce.h"
+#include "core/stage/bridge.h"
 
 namespace hcomm {
 namespace {
@@ -47,7 +48,10 @@ class HierReduceScatter final : public Algorithm {
     if (counts.empty()) counts.assign(n, a.output.count);
     const std::vector<int64_t> off = offsets_of(counts);
     const size_t esize = dtype_size(a.input.dtype);
-    // Work on a copy: the caller's input stays as it was.
+    // Work on a copy: the caller's input stays as it was.  (On a device it
+    // would be device scratch; under the staging mode it stands for one, and
+    // only the bridge and the engine move its bytes to and from the host.)
+    stage::CopyEngine* engine = staging_engine(h, a.input);
     std::vector<uint8_t> copy(a.input.bytes());
     if (!copy.empty()) std::memcpy(copy.data(), a.input.data, copy.size());
     Buffer work = a.input;
@@ -71,14 +75,14 @@ class HierReduceScatter final : public Algorithm {
     const Range block{off[rank], off[rank + 1]};
     const size_t block_bytes = static_cast<size_t>(block.size()) * esize;
     std::vector<uint8_t> partials(block_bytes * h.count());
-    std::vector<std::unique_ptr<Pending>> ops;
+    stage::Bridge bridge(flat, engine, h.bridge_chunk_bytes, kTagInter);
     size_t inter_bytes = 0;
     for (size_t j = 0; j < h.count(); ++j) {
       if (static_cast<int>(j) == me) continue;
       for (int owner : h.islands[j]) {
         Range o = overlap(my_piece[j], Range{off[owner], off[owner + 1]});
         if (o.size() == 0) continue;
-        ops.push_back(flat.isend(work.slice(o.begin, o.size()), owner, kTagInter));
+        bridge.send(work.slice(o.begin, o.size()), owner);
         inter_bytes += static_cast<size_t>(o.size()) * esize;
       }
       auto parts = island_partition(h, static_cast<int>(j), island_range(h, me, off));
@@ -88,16 +92,32 @@ class HierReduceScatter final : public Algorithm {
         Buffer dst = work;
         dst.data = partials.data() + j * block_bytes + static_cast<size_t>(o.begin - block.begin) * esize;
         dst.count = o.size();
-        ops.push_back(flat.irecv(dst, h.islands[j][q], kTagInter));
+        dst.device = DeviceKind::kCPU;
+        bridge.recv(dst, h.islands[j][q], /*device_memory=*/false);
       }
     }
-    for (auto& p : ops) p->wait();
-    if (block.size() > 0) std::memcpy(partials.data() + me * block_bytes, work.slice(block.begin, 0).data, block_bytes);
+    // My own partial joins the others on the host (a copy up when staged).
+    stage::Ticket own;
+    if (block.size() > 0 && engine)
+      own = engine->to_host(partials.data() + me * block_bytes, work.slice(block.begin, 0).data, block_bytes);
+    else if (block.size() > 0)
+      std::memcpy(partials.data() + me * block_bytes, work.slice(block.begin, 0).data, block_bytes);
+    try {
+      bridge.finish();
+    } catch (...) {
+      if (engine) engine->wait(own);  // it writes into `partials`
+      throw;
+    }
+    if (engine) engine->wait(own);
     // Island order, so the result does not depend on which island owns the block.
     for (size_t j = 1; j < h.count(); ++j)
       kernels::reduce_into(partials.data(), partials.data() + j * block_bytes, block.size(), a.input.dtype, a.reduce);
     if (a.reduce == ReduceOp::kAvg) kernels::divide_by(partials.data(), block.size(), a.input.dtype, n);
-    if (block_bytes) std::memcpy(a.output.data, partials.data(), block_bytes);
+    if (block_bytes && engine)
+      engine->wait(engine->to_device(a.output.data, partials.data(), block_bytes));
+    else if (block_bytes)
+      std::memcpy(a.output.data, partials.data(), block_bytes);
+    record.staged_bytes = bridge.staged_bytes() + (engine ? 2 * block_bytes : 0);
     record.tiers.push_back({"intra", a.input.bytes() - block_bytes, 0});
     record.tiers.push_back({"inter", inter_bytes, 0});
   }
