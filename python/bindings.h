@@ -13,4 +13,5 @@ void bind_torch(pybind11::module_& m);    // csrc/torch/bind_backend.cpp
 pybind11::dict record_to_dict(const OpRecord& record);
 void bind_compress(pybind11::module_& m);  // python/bind_compress.cpp
 void bind_shm(pybind11::module_& m);       // python/bind_shm.cpp
+void bind_stage(pybind11::module_& m);     // python/bind_stage.cpp
 }  // namespace hcomm

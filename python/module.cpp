@@ -8,4 +8,5 @@ PYBIND11_MODULE(_C, m) {
   hcomm::bind_torch(m);
   hcomm::bind_compress(m);
   hcomm::bind_shm(m);
+  hcomm::bind_stage(m);
 }

@@ -9,7 +9,9 @@
 #    kernels bit for bit, the hcomm backend on CUDA tensors with one rank);
 # 3. runs the GPU kernel benchmark (each kernel vs a device copy of the same
 #    bytes) and writes benchmarks/results/gpu-h200-<date>.md, plus the logs,
-#    under $OUT when the device tool provides it.
+#    under $OUT when the device tool provides it;
+# 4. measures the bridge's CUDA copy engine (pinned copies alone vs the
+#    chunked device -> host -> device trip): staging-engine-h200-<date>.md.
 # Each step's status is recorded; the script exits non-zero if any failed.
 set -uo pipefail
 
@@ -50,5 +52,12 @@ if ! "$PY" benchmarks/gpu/bench_gpu_kernels.py --mib 1024 --reps 50 --out "$RESU
   status=1; echo "benchmark FAILED" | tee -a "$LOG"
 fi
 [[ "$RESULTS" != benchmarks/results ]] && cp -f "$RESULTS/gpu-h200-$DATE.md" benchmarks/results/ 2>/dev/null
+
+step "staging copy engine (pinned D2H/H2D alone vs the chunked bridge trip)"
+if ! "$PY" benchmarks/gpu/bench_staging.py --mib 1024 --reps 10 --out "$RESULTS/staging-engine-h200-$DATE.md" >>"$LOG" 2>&1; then
+  status=1; echo "staging benchmark FAILED" | tee -a "$LOG"
+fi
+[[ "$RESULTS" != benchmarks/results ]] && cp -f "$RESULTS/staging-engine-h200-$DATE.md" benchmarks/results/ 2>/dev/null
+cat "$RESULTS/staging-engine-h200-$DATE.md" 2>/dev/null
 cat "$RESULTS/gpu-h200-$DATE.md" 2>/dev/null
 exit $status

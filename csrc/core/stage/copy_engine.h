@@ -65,7 +65,7 @@ class CopyEngine {
   virtual DeviceKind device() const = 0;
 
   // Orders later copies after the work already queued on the caller's
-  // stream (`stream`: the vendor's stream handle; nullptr: the current one).
+  // stream (`stream`: the vendor's stream handle; nullptr: the default one).
   // The emulated engine has nothing queued: a no-op.
   virtual void after_stream(void* stream) { (void)stream; }
   // Asynchronous copies; `bytes` may be 0 (a ticket that is already done).

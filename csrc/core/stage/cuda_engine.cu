@@ -71,7 +71,9 @@ class CudaEngine final : public CopyEngine {
   const char* name() const override { return "cuda"; }
   DeviceKind device() const override { return DeviceKind::kCUDA; }
   void after_stream(void* stream) override {
-    cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : cudaStreamPerThread;
+    // nullptr is the legacy default stream, torch's default stream (our
+    // non-blocking streams do not sync with it implicitly, hence the event).
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
     up_.after(s);
     down_.after(s);
   }
