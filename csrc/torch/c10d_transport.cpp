@@ -83,6 +83,20 @@ at::Tensor wire_tensor(const Buffer& buf) {
   return bytes_view(buf);
 }
 
+// The tag a message travels under: tags below 2^20 (hcomm's algorithms use
+// kAlgoTag + small numbers; user tags are usually small) carry 11 bits of a
+// hash of the message's byte count in bits 20-30.  A receive posted for a
+// different size than was sent then never matches it: gloo would abort the
+// whole process when the message is longer than the buffer (EnforceNotMet
+// on its IO thread) and silently fill part of it when it is shorter, where
+// now both ranks fail by the group's timeout, naming the peer.  Ranks that
+// disagree on a count are a caller's bug; HCOMM_DEBUG=1 names it at once.
+int wire_tag(int tag, size_t bytes) {
+  if (tag < 0 || tag >= (1 << 20)) return tag;
+  const uint64_t h = static_cast<uint64_t>(bytes) * 0x9E3779B97F4A7C15ull;
+  return tag | static_cast<int>((h >> 53) << 20);
+}
+
 }  // namespace
 
 C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
@@ -265,7 +279,7 @@ bool C10dTransport::start(const CollectiveArgs& a, std::function<void(std::excep
 std::unique_ptr<Pending> C10dTransport::isend(const Buffer& buf, int peer, int tag) {
   std::vector<at::Tensor> ts{wire_tensor(buf)};
   c10::intrusive_ptr<c10d::Work> work;
-  guarded(library_, rank_, "send", [&] { work = backend_->send(ts, peer, tag); });
+  guarded(library_, rank_, "send", [&] { work = backend_->send(ts, peer, wire_tag(tag, buf.bytes())); });
   return std::make_unique<WorkPending>(std::move(work), library_, rank_,
                                        "send to rank " + std::to_string(peer) + " (tag " + std::to_string(tag) + ")",
                                        timeout());
@@ -275,7 +289,8 @@ std::unique_ptr<Pending> C10dTransport::irecv(const Buffer& buf, int peer, int t
   std::vector<at::Tensor> ts{wire_tensor(buf)};
   c10::intrusive_ptr<c10d::Work> work;
   guarded(library_, rank_, "recv", [&] {
-    work = peer < 0 ? backend_->recvAnysource(ts, tag) : backend_->recv(ts, peer, tag);
+    const int wtag = wire_tag(tag, buf.bytes());
+    work = peer < 0 ? backend_->recvAnysource(ts, wtag) : backend_->recv(ts, peer, wtag);
   });
   return std::make_unique<WorkPending>(
       std::move(work), library_, rank_,
