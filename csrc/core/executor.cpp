@@ -43,6 +43,14 @@ std::shared_ptr<Request> Executor::submit(Task task, OpRecord record, uint64_t c
 std::shared_ptr<Request> Executor::try_direct(const DirectStart& start, OpRecord record) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_ || in_flight_ > 0) return nullptr;
+  {
+    // Issue order holds for direct ops too: a second one while the first is
+    // still in the library goes through the queue, which waits for it (gloo
+    // runs its async ops on two threads, so two in-place all_reduces of one
+    // tensor would race there; NCCL orders them on its stream).
+    std::lock_guard<std::mutex> dlock(direct_mu_);
+    if (direct_in_flight_ > 0) return nullptr;
+  }
   auto request = std::make_shared<Request>();
   auto begin = std::chrono::steady_clock::now();
   auto recorder = recorder_;
@@ -60,7 +68,7 @@ std::shared_ptr<Request> Executor::try_direct(const DirectStart& start, OpRecord
   };
   auto undo = [this] {
     std::lock_guard<std::mutex> dlock(direct_mu_);
-    --direct_in_flight_;
+    if (--direct_in_flight_ == 0) direct_cv_.notify_all();
   };
   bool started = false;
   try {
@@ -90,6 +98,11 @@ void Executor::work_loop() {
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
+    }
+    {
+      // An op issued after a direct op runs after it (see try_direct).
+      std::unique_lock<std::mutex> dlock(direct_mu_);
+      direct_cv_.wait(dlock, [&] { return direct_in_flight_ == 0; });
     }
     std::exception_ptr error;
     try {
