@@ -41,6 +41,12 @@ HCOMM_FORCE_STAGING = declare(
     "copy threads, chunks on the host transport, copy down), exactly the path a GPU island's tensors take to a "
     "CPU or other-vendor island; for testing that path without a device (set it on every rank)",
 )
+HCOMM_HIER_EXCHANGE = declare(
+    "HCOMM_HIER_EXCHANGE", "auto",
+    "cross-island step of the hierarchical all-reduce: auto (the cost model's choice), direct (every island's "
+    "partial to every other island) or owner (islands reduce shares sized by their uplinks, then send the results "
+    "back; less traffic from 3 islands up)",
+)
 HCOMM_BRIDGE_CHUNK = declare(
     "HCOMM_BRIDGE_CHUNK", 1 << 20,
     "bytes per chunk of a host-staged cross-island message (copies of one chunk overlap the wire of the next; "
@@ -142,7 +148,8 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
         intra, inter = topo.links["intra"], topo.links["inter"]
         pg.set_hierarchy(topo.islands, island_pg, intra.alpha, intra.beta, inter.alpha, inter.beta,
                          [r.inter_weight for r in topo.ranks], bool(HCOMM_PROPORTIONAL_SHARDS.get()),
-                         topo.uplink_sharing(), intra_transport=shm)
+                         topo.uplink_sharing(), intra_transport=shm, island_betas=list(topo.uplinks),
+                         exchange=_exchange())
         from hcomm.compress import resolve as compression
 
         cfg = compression(None)  # HCOMM_COMPRESS
@@ -153,6 +160,16 @@ def _create_backend(store, rank: int, size: int, timeout: datetime.timedelta):
         _set_staging(pg, device is not None)
     pg.topology_json = json.dumps(topo.to_dict())
     return pg
+
+
+def _exchange() -> int:
+    from hcomm.errors import HCommValueError
+
+    choices = {"auto": 0, "direct": 1, "owner": 2}
+    name = str(HCOMM_HIER_EXCHANGE.get()).strip().lower()
+    if name not in choices:
+        raise HCommValueError(f"HCOMM_HIER_EXCHANGE={name!r} is not one of {', '.join(choices)}")
+    return choices[name]
 
 
 def _set_staging(pg, has_device: bool) -> None:

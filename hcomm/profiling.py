@@ -53,6 +53,27 @@ def parse_links(text: str) -> Dict[str, Link]:
     return out
 
 
+def uplinks_from_emulator_spec(topo: Topology) -> list:
+    """Each island's uplink (bytes/s) as an emulated cluster's spec configures it: its slowest node's."""
+    path = os.environ.get("HCOMM_EMU_CLUSTER")
+    if not path or not os.path.exists(path):
+        return []
+    try:
+        from hcomm.emulate import load_spec
+
+        spec = load_spec(path)
+        names = [topo.ranks[m[0]].island for m in topo.islands]
+        out = []
+        for name in names:
+            nodes = [n for n in spec.nodes if n.island == name]
+            if not nodes:
+                return []
+            out.append(min(float(n.uplink_bandwidth_bps) for n in nodes))
+        return out
+    except Exception:
+        return []
+
+
 def _from_emulator_spec() -> Dict[str, Link]:
     """The configured inter-island link of an emulated cluster, if any."""
     path = os.environ.get("HCOMM_EMU_CLUSTER")
@@ -144,11 +165,17 @@ def measure(topo: Topology, rank: int, host_pg, island_pg, budget: float) -> Dic
         links["intra"] = Link(max(a for a, _ in intra), min(b for _, b in intra), "measured")
     if inter:
         links["inter"] = Link(max(a for a, _ in inter), min(b for _, b in inter), "measured")
+        # Each island's uplink: the pair with island 0 measures min(up_0, up_j);
+        # island 0's own is at least its fastest pair (the best this probe can say).
+        topo.uplinks = [max(b for _, b in inter)] + [b for _, b in inter]
     return links
 
 
 def resolve(topo: Topology, rank: int, host_pg, island_pg, variant: str = "") -> Dict[str, Link]:
     """The link model for `topo`: config > measured/cached > emulator spec > defaults.
+
+    Also sets ``topo.uplinks``, each island's uplink bandwidth, from the same
+    source (measured or cached, else the emulator's spec).
 
     ``island_pg`` is what the intra tier really runs on (a shared-memory
     probe group or the island's gloo group); ``variant`` names that choice
@@ -158,6 +185,8 @@ def resolve(topo: Topology, rank: int, host_pg, island_pg, variant: str = "") ->
     if len(topo.islands) < 2:
         return {"flat": Link(DEFAULTS["intra"].alpha, DEFAULTS["intra"].beta, "default")}
     links.update(_from_emulator_spec())
+    topo.uplinks = uplinks_from_emulator_spec(topo)
+    n_islands = len(topo.islands)
     mode = HCOMM_PROFILE.get().lower()
     if mode not in ("auto", "force", "off"):
         raise ValueError(f"HCOMM_PROFILE must be auto, force or off, got {mode!r}")
@@ -170,19 +199,24 @@ def resolve(topo: Topology, rank: int, host_pg, island_pg, variant: str = "") ->
         except (OSError, ValueError):
             cached = None
     # Every rank must take the same branch, so rank 0's cache is what counts:
-    # it broadcasts [found, intra alpha, intra beta, inter alpha, inter beta].
-    shared = torch.zeros(5, dtype=torch.float64)
+    # it broadcasts [found, intra alpha, intra beta, inter alpha, inter beta,
+    # island uplinks...].
+    shared = torch.zeros(5 + n_islands, dtype=torch.float64)
     if rank == 0 and cached is not None:
         try:
+            uplinks = [float(b) for b in cached.get("uplinks", [])]
+            uplinks = uplinks if len(uplinks) == n_islands else [0.0] * n_islands
             shared = torch.tensor([1.0, cached["intra"]["alpha"], cached["intra"]["beta"],
-                                   cached["inter"]["alpha"], cached["inter"]["beta"]], dtype=torch.float64)
-        except (KeyError, TypeError):
-            shared = torch.zeros(5, dtype=torch.float64)
+                                   cached["inter"]["alpha"], cached["inter"]["beta"], *uplinks], dtype=torch.float64)
+        except (KeyError, TypeError, ValueError):
+            shared = torch.zeros(5 + n_islands, dtype=torch.float64)
     if mode != "off":
         host_pg.broadcast([shared]).wait()
         if shared[0].item() == 1.0:
             links["intra"] = Link(shared[1].item(), shared[2].item(), "cache")
             links["inter"] = Link(shared[3].item(), shared[4].item(), "cache")
+            if all(b > 0 for b in shared[5:].tolist()):
+                topo.uplinks = shared[5:].tolist()
         else:
             measured = measure(topo, rank, host_pg, island_pg, float(HCOMM_PROFILE_BUDGET.get()))
             links.update(measured)
@@ -190,6 +224,7 @@ def resolve(topo: Topology, rank: int, host_pg, island_pg, variant: str = "") ->
                 try:
                     os.makedirs(os.path.dirname(path), exist_ok=True)
                     full = {k: {"alpha": links[k].alpha, "beta": links[k].beta} for k in ("intra", "inter")}
+                    full["uplinks"] = list(topo.uplinks)
                     with open(path, "w") as f:
                         json.dump(full, f)
                 except OSError:

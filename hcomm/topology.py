@@ -61,6 +61,10 @@ class Topology:
     ranks: List[RankInfo]
     islands: List[List[int]]  # global ranks of each island, ascending; islands in order of first rank
     links: Dict[str, Link] = field(default_factory=dict)  # "intra", "inter" (and "flat" on one island)
+    # Each island's uplink bandwidth (bytes/s): measured by the link probe, else
+    # the emulator's spec; empty when unknown.  The hierarchical all-reduce
+    # sizes each island's share of the cross-island reducing by it.
+    uplinks: List[float] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -92,7 +96,7 @@ class Topology:
 
     def to_dict(self) -> dict:
         return {"ranks": [asdict(r) for r in self.ranks], "islands": self.islands,
-                "links": {k: asdict(v) for k, v in self.links.items()}}
+                "links": {k: asdict(v) for k, v in self.links.items()}, "uplinks": list(self.uplinks)}
 
     def __str__(self) -> str:
         lines = [f"hcomm topology: {self.world_size} ranks in {len(self.islands)} island(s)"]
@@ -105,6 +109,8 @@ class Topology:
                              f"speed {ri.speed:g}")
         for tier, link in self.links.items():
             lines.append(f"  {tier:<6} alpha {link.alpha * 1e6:8.1f} us   beta {link.beta / 1e9:8.3f} GB/s   ({link.source})")
+        if self.uplinks:
+            lines.append("  uplinks " + ", ".join(f"island {i} {b / 1e9:.3f} GB/s" for i, b in enumerate(self.uplinks)))
         return "\n".join(lines)
 
 
@@ -149,7 +155,8 @@ def exchange(store, rank: int, size: int) -> Topology:
 
 def from_dict(data: dict) -> Topology:
     return Topology([RankInfo(**r) for r in data["ranks"]], [list(m) for m in data["islands"]],
-                    {k: Link(**v) for k, v in data.get("links", {}).items()})
+                    {k: Link(**v) for k, v in data.get("links", {}).items()},
+                    [float(b) for b in data.get("uplinks", [])])
 
 
 def topology(group=None) -> Optional[Topology]:

@@ -60,7 +60,8 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
                    std::string algorithm, bool debug, int timeout_ms, int kill_rank,
                    std::vector<std::vector<int>> islands, std::vector<double> weights,
                    std::vector<int> reduce_per_rank, bool all_errors, std::vector<int> staged_ranks,
-                   int64_t bridge_chunk, double stage_beta) {
+                   int64_t bridge_chunk, double stage_beta, std::vector<double> island_betas,
+                   int exchange) {
   auto hub = std::make_shared<LocalHub>(world);
   // Optional islands: one more hub per island for its intra-island transport.
   std::vector<std::shared_ptr<LocalHub>> island_hubs;
@@ -105,6 +106,8 @@ py::list local_run(int world, int kind, int dtype, int reduce, int root, py::lis
         if (s == r) h->staging = stage::emulated_engine();
       h->bridge_chunk_bytes = static_cast<size_t>(bridge_chunk);
       if (stage_beta > 0) h->stage_link.beta = stage_beta;
+      h->island_beta = island_betas;
+      h->exchange = static_cast<Hierarchy::Exchange>(exchange);
       comms.back()->set_link_model(h->inter_link);
       comms.back()->set_hierarchy(h);
     }
@@ -249,6 +252,7 @@ void bind_core(py::module_& m) {
         py::arg("islands") = std::vector<std::vector<int>>{}, py::arg("weights") = std::vector<double>{},
         py::arg("reduce_per_rank") = std::vector<int>{}, py::arg("all_errors") = false,
         py::arg("staged_ranks") = std::vector<int>{}, py::arg("bridge_chunk") = 0, py::arg("stage_beta") = 0.0,
+        py::arg("island_betas") = std::vector<double>{}, py::arg("exchange") = 0,
         "Run one collective on `world` in-process thread ranks (test harness).");
   m.def("local_sequence", &local_sequence, py::arg("world"), py::arg("ops"), py::arg("debug") = false,
         py::arg("timeout_ms") = 10000, "Run a sequence of collectives per thread rank (test harness).");

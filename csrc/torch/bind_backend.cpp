@@ -115,16 +115,20 @@ void bind_torch(py::module_& m) {
           "set_hierarchy",
           [](ProcessGroupHComm& pg, std::vector<std::vector<int>> islands, c10::intrusive_ptr<c10d::Backend> island,
              double intra_alpha, double intra_beta, double inter_alpha, double inter_beta, std::vector<double> weights,
-             bool proportional, std::vector<int> sharing, std::shared_ptr<Transport> intra_transport) {
+             bool proportional, std::vector<int> sharing, std::shared_ptr<Transport> intra_transport,
+             std::vector<double> island_betas, int exchange) {
             LinkModel intra, inter;
             intra.alpha = intra_alpha, intra.beta = intra_beta;
             inter.alpha = inter_alpha, inter.beta = inter_beta;
+            TORCH_CHECK_VALUE(exchange >= 0 && exchange <= 2, "hcomm: exchange must be 0 (auto), 1 (direct) or 2 (owner)");
             pg.set_hierarchy(std::move(islands), island, intra, inter, std::move(weights), proportional,
-                             std::move(sharing), std::move(intra_transport));
+                             std::move(sharing), std::move(intra_transport), std::move(island_betas),
+                             static_cast<Hierarchy::Exchange>(exchange));
           },
           py::arg("islands"), py::arg("island_backend"), py::arg("intra_alpha"), py::arg("intra_beta"),
           py::arg("inter_alpha"), py::arg("inter_beta"), py::arg("weights"), py::arg("proportional"),
-          py::arg("uplink_sharing"), py::arg("intra_transport") = nullptr)
+          py::arg("uplink_sharing"), py::arg("intra_transport") = nullptr,
+          py::arg("island_betas") = std::vector<double>{}, py::arg("exchange") = 0)
       .def(
           "set_compression",
           [](ProcessGroupHComm& pg, int wire, int64_t chunk, bool ef) {

@@ -58,7 +58,8 @@ void ProcessGroupHComm::set_hierarchy(std::vector<std::vector<int>> islands,
                                       c10::intrusive_ptr<c10d::Backend> island_backend, LinkModel intra,
                                       LinkModel inter, std::vector<double> weights, bool proportional,
                                       std::vector<int> uplink_sharing,
-                                      std::shared_ptr<Transport> intra_transport) {
+                                      std::shared_ptr<Transport> intra_transport, std::vector<double> island_betas,
+                                      Hierarchy::Exchange exchange) {
   auto h = std::make_shared<Hierarchy>();
   h->island_of.assign(getSize(), -1);
   h->local_index.assign(getSize(), -1);
@@ -82,6 +83,12 @@ void ProcessGroupHComm::set_hierarchy(std::vector<std::vector<int>> islands,
   h->inter_weight = std::move(weights);
   h->proportional = proportional;
   h->uplink_sharing = std::move(uplink_sharing);
+  // Measured per-island uplinks; a list of the wrong length (or with a
+  // zero) means "unknown" and the inter tier's beta serves every island.
+  bool uplinks_ok = island_betas.size() == h->islands.size();
+  for (double b : island_betas) uplinks_ok = uplinks_ok && b > 0;
+  if (uplinks_ok) h->island_beta = std::move(island_betas);
+  h->exchange = exchange;
   // A flat algorithm on this group runs at its slowest tier.
   comm_->set_link_model(inter);
   try {

@@ -85,7 +85,9 @@ class ProcessGroupHComm final : public c10d::Backend {
   void set_hierarchy(std::vector<std::vector<int>> islands, c10::intrusive_ptr<c10d::Backend> island_backend,
                      LinkModel intra, LinkModel inter, std::vector<double> weights, bool proportional,
                      std::vector<int> uplink_sharing,
-                     std::shared_ptr<Transport> intra_transport = nullptr);
+                     std::shared_ptr<Transport> intra_transport = nullptr,
+                     std::vector<double> island_betas = {},
+                     Hierarchy::Exchange exchange = Hierarchy::Exchange::kAuto);
   // Weak-tier compression of the hierarchical all-reduce; wire == nullopt: off.
   void set_compression(std::optional<DType> wire, int64_t chunk, bool error_feedback);
   // Host staging of the cross-island tier: `force` pushes CPU tensors through

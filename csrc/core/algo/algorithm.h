@@ -44,6 +44,14 @@ struct Hierarchy {
   // a rank's shard of the cross-island exchange follows it (else equal shards).
   std::vector<double> inter_weight;
   bool proportional = false;
+  // Each island's uplink bandwidth (bytes/s, measured by the link probe);
+  // empty: inter_link.beta for every island.  The owner exchange sizes the
+  // islands' shares of the cross-island reducing by it.
+  std::vector<double> island_beta;
+  // The cross-island step of the hierarchical all-reduce: the cost model's
+  // choice, or forced (HCOMM_HIER_EXCHANGE) for comparisons.
+  enum class Exchange : int { kAuto = 0, kDirect = 1, kOwner = 2 };
+  Exchange exchange = Exchange::kAuto;
   // How many of an island's ranks share one uplink (ranks on one host share
   // its NIC): the cost model divides the inter bandwidth by it.
   std::vector<int> uplink_sharing;  // per island

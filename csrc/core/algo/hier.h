@@ -42,6 +42,23 @@ void inter_island_all_reduce(Transport& flat, const Hierarchy& h, const Buffer& 
                              const std::vector<std::vector<Range>>& partitions, ReduceOp op,
                              std::vector<uint8_t>& scratch, size_t* bytes_sent);
 
+// The cross-island step as a reduce-scatter + all-gather across islands
+// (hier_owner.cpp): island j reduces its owner range `owners[j]` and sends
+// the results back.  Better than the direct exchange from 3 islands up;
+// bitwise the same results.  `divide_by` > 1 divides the owned results
+// (an average) before they go back.
+void inter_island_owner_all_reduce(Transport& flat, const Hierarchy& h, const Buffer& buf,
+                                   const std::vector<std::vector<Range>>& partitions, const std::vector<Range>& owners,
+                                   ReduceOp op, int divide_by, std::vector<uint8_t>& scratch, size_t* bytes_sent);
+// Each island's share of the owner ranges for uplink bandwidths `beta`
+// (bytes/s): the shares that minimise the slowest uplink's time, where an
+// island with share f moves (1 + (k - 2) f) x bytes each way.
+std::vector<double> owner_shares(const std::vector<double>& beta);
+// Hierarchy::island_beta, or inter_link.beta for every island when unset.
+std::vector<double> island_betas(const Hierarchy& h);
+// `whole` cut into consecutive ranges of those shares.
+std::vector<Range> owner_ranges(const std::vector<double>& shares, Range whole);
+
 // Whether the cross-island step of `args` goes compressed (h.compress, a
 // float dtype the codec takes, and a sum or average).
 bool compressed_inter(const Hierarchy& h, const CollectiveArgs& args);

@@ -30,25 +30,42 @@ namespace {
 constexpr int64_t kMinChunkBytes = 256 << 10;
 constexpr int kMaxChunks = 16;
 
+// How a call runs: bytes on the wire per byte of data on the inter tier
+// (compression), whether it is host-staged, and whether the cross-island
+// step is the owner exchange (with each island's share) or the direct one.
+struct Shape {
+  double ratio = 1.0;
+  bool staged = false;
+  bool owner = false;
+  std::vector<double> shares;
+  int chunks = 1;
+  double seconds = 0;
+};
+
 // Predicted seconds for one chunk's stages: intra RS, copy up (staged),
 // inter exchange, copy down (staged), intra AG.
 struct StageTimes {
   double rs = 0, up = 0, inter = 0, down = 0, ag = 0;
 };
 
-StageTimes stage_times(const Hierarchy& h, double bytes, double wire_ratio, bool staged) {
+StageTimes stage_times(const Hierarchy& h, double bytes, const Shape& shape) {
   StageTimes t;
+  const std::vector<double> beta = island_betas(h);
+  const double k = static_cast<double>(h.count());
   for (size_t i = 0; i < h.count(); ++i) {
     const int s = static_cast<int>(h.islands[i].size());
     const double rs = ring_cost(h.intra_link, s, bytes);
     t.rs = std::max(t.rs, rs);
     t.ag = std::max(t.ag, rs);
-    if (staged) t.up = t.down = std::max(t.up, h.stage_link.time(bytes / s));
-    // The island's uplink carries each shard once per other island; ranks
-    // that share it divide its bandwidth.
+    if (shape.staged) t.up = t.down = std::max(t.up, h.stage_link.time(bytes / s));
+    // Direct: the island's uplink carries each shard once per other island.
+    // Owner: its partials of the others' ranges once, its results k-1 times.
+    // Ranks that share an uplink divide its bandwidth.
     const int sharing = h.uplink_sharing.empty() ? 1 : std::max(1, h.uplink_sharing[i]);
-    const double out_bytes = bytes * wire_ratio / s * sharing * (h.count() - 1);
-    t.inter = std::max(t.inter, h.inter_link.alpha * (h.count() - 1) + out_bytes / h.inter_link.beta);
+    const double per_uplink = bytes * shape.ratio / s * sharing;
+    const double out_bytes = shape.owner ? per_uplink * (1.0 + (k - 2.0) * shape.shares[i]) : per_uplink * (k - 1.0);
+    const double messages = shape.owner ? 2.0 * (k - 1.0) : k - 1.0;
+    t.inter = std::max(t.inter, h.inter_link.alpha * messages + out_bytes / beta[i]);
   }
   return t;
 }
@@ -58,22 +75,38 @@ double pipelined(const StageTimes& c, int chunks) {
   return c.rs + c.up + c.inter + c.down + c.ag + (chunks - 1) * slowest;
 }
 
-// Bytes on the wire per byte of data on the inter tier.
-double wire_ratio(const Hierarchy& h, const CollectiveArgs& args) {
-  if (!compressed_inter(h, args)) return 1.0;
-  const double n = 1 << 20;
-  return compress::encoded_bytes(static_cast<int64_t>(n), h.wire) / (n * dtype_size(args.input.dtype));
-}
-
-int best_chunks(const Hierarchy& h, double bytes, double ratio, bool staged) {
-  int best = 1;
-  double best_t = pipelined(stage_times(h, bytes, ratio, staged), 1);
+// Sets shape.chunks and shape.seconds: the chunk count the model likes best.
+void best_chunks(const Hierarchy& h, double bytes, Shape& shape) {
+  shape.chunks = 1;
+  shape.seconds = pipelined(stage_times(h, bytes, shape), 1);
   for (int c = 2; c <= kMaxChunks; c *= 2) {
     if (bytes / c < kMinChunkBytes) break;
-    double t = pipelined(stage_times(h, bytes / c, ratio, staged), c);
-    if (t < best_t) best = c, best_t = t;
+    double t = pipelined(stage_times(h, bytes / c, shape), c);
+    if (t < shape.seconds) shape.chunks = c, shape.seconds = t;
   }
-  return best;
+}
+
+// The cheaper of the direct and the owner exchange (from 3 islands up,
+// uncompressed) for this call, with its chunk count.
+Shape shape_of(const Hierarchy& h, const CollectiveArgs& args) {
+  Shape direct;
+  if (compressed_inter(h, args)) {
+    const double n = 1 << 20;
+    direct.ratio = compress::encoded_bytes(static_cast<int64_t>(n), h.wire) / (n * dtype_size(args.input.dtype));
+  }
+  direct.staged = staging_engine(h, args.input) != nullptr;
+  const double bytes = static_cast<double>(args.input.bytes());
+  best_chunks(h, bytes, direct);
+  // The owner exchange needs 2+ islands (with 2 it moves what the direct
+  // one does, in two steps) and runs uncompressed.
+  if (h.count() < 2 || direct.ratio != 1.0 || h.exchange == Hierarchy::Exchange::kDirect) return direct;
+  if (h.count() < 3 && h.exchange == Hierarchy::Exchange::kAuto) return direct;
+  Shape owner = direct;
+  owner.owner = true;
+  owner.shares = owner_shares(island_betas(h));
+  best_chunks(h, bytes, owner);
+  if (h.exchange == Hierarchy::Exchange::kOwner) return owner;
+  return owner.seconds < direct.seconds ? owner : direct;
 }
 
 // A one-shot progress counter a stage waits on, with failure propagation.
@@ -109,12 +142,7 @@ class HierAllReduce final : public Algorithm {
            reduce_supported(args.input.dtype, args.reduce, why);
   }
   double cost(const CollectiveArgs& args, const AlgoContext& ctx) const override {
-    const Hierarchy& h = *ctx.hierarchy;
-    const double bytes = static_cast<double>(args.input.bytes());
-    const double ratio = wire_ratio(h, args);
-    const bool staged = staging_engine(h, args.input) != nullptr;
-    const int c = best_chunks(h, bytes, ratio, staged);
-    return pipelined(stage_times(h, bytes / c, ratio, staged), c) + bytes / ctx.reduce_bandwidth;
+    return shape_of(*ctx.hierarchy, args).seconds + static_cast<double>(args.input.bytes()) / ctx.reduce_bandwidth;
   }
   void run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& record) const override;
 };
@@ -134,7 +162,8 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   // chunk k-1 on the wire), crosses on the host transport, and goes back
   // down before chunk k's all-gather (overlapping chunk k+1 on the wire).
   stage::CopyEngine* engine = staging_engine(h, buf);
-  const int chunks = best_chunks(h, static_cast<double>(buf.bytes()), wire_ratio(h, args), engine != nullptr);
+  const Shape shape = shape_of(h, args);
+  const int chunks = shape.chunks;
   const std::vector<int64_t> chunk_counts = even_counts(buf.count, chunks);
   const std::vector<int64_t> chunk_off = offsets_of(chunk_counts);
   record.chunk_bytes = static_cast<size_t>(chunk_counts.empty() ? 0 : chunk_counts[0]) * dtype_size(buf.dtype);
@@ -220,15 +249,21 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
           shift = mine.begin;
           parts = shifted(std::move(parts), -shift);
         }
-        if (compressed_inter(h, args))
-          inter_island_all_reduce_compressed(flat, h, target, parts, args.reduce,
-                                             // Residuals keyed by buffer length and offset (a
-                                             // DDP bucket keeps its length step to step).
-                                             (static_cast<int64_t>(buf.count) << 32) + shift, &inter_bytes);
-        else
-          inter_island_all_reduce(flat, h, target, parts, args.reduce, scratch, &inter_bytes);
-        if (args.reduce == ReduceOp::kAvg)
-          kernels::divide_by(target.slice(mine.begin - shift, 0).data, mine.size(), buf.dtype, flat.size());
+        if (shape.owner) {
+          Range whole{chunk_off[k] - shift, chunk_off[k] + chunk_counts[k] - shift};
+          inter_island_owner_all_reduce(flat, h, target, parts, owner_ranges(shape.shares, whole), args.reduce,
+                                        args.reduce == ReduceOp::kAvg ? flat.size() : 1, scratch, &inter_bytes);
+        } else {
+          if (compressed_inter(h, args))
+            inter_island_all_reduce_compressed(flat, h, target, parts, args.reduce,
+                                               // Residuals keyed by buffer length and offset (a
+                                               // DDP bucket keeps its length step to step).
+                                               (static_cast<int64_t>(buf.count) << 32) + shift, &inter_bytes);
+          else
+            inter_island_all_reduce(flat, h, target, parts, args.reduce, scratch, &inter_bytes);
+          if (args.reduce == ReduceOp::kAvg)
+            kernels::divide_by(target.slice(mine.begin - shift, 0).data, mine.size(), buf.dtype, flat.size());
+        }
         if (engine)
           down[k] = engine->to_device(buf.slice(mine.begin, 0).data, target.data, host_off[k + 1] - host_off[k]);
         inter_s += secs(t0);
