@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "python/bindings.h"
+#include "torch/device_uneven.h"
 #include "torch/process_group.h"
 #include "torch/tensor_util.h"
 
@@ -142,6 +143,17 @@ void bind_torch(py::module_& m) {
       .def_readwrite("topology_json", &ProcessGroupHComm::topology_json)
       .def_property_readonly("library", [](ProcessGroupHComm& pg) { return pg.communicator().library(); })
       .def_property_readonly("host_backend", &ProcessGroupHComm::host_backend);
+  // The device path of the uneven collectives, on any c10d backend, so that
+  // tests can run it over gloo on CPU tensors (tests/torch/test_device_uneven.py).
+  m.def("_padded_all_gather_v",
+        [](c10::intrusive_ptr<c10d::Backend> backend, at::Tensor output, at::Tensor input, std::vector<int64_t> counts) {
+          padded_all_gather_v(*backend, output, input, counts)->wait();
+        });
+  m.def("_padded_reduce_scatter_v", [](c10::intrusive_ptr<c10d::Backend> backend, at::Tensor output, at::Tensor input,
+                                       std::vector<int64_t> counts, int op) {
+    c10d::ReduceOp r(static_cast<c10d::ReduceOp::RedOpType>(op));
+    padded_reduce_scatter_v(*backend, output, input, counts, r)->wait();
+  });
   m.attr("has_cuda") =
 #ifdef HCOMM_WITH_CUDA
       true;

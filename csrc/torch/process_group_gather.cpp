@@ -2,6 +2,7 @@
 // reduce_scatter, all_to_all) and hcomm's uneven `_v` forms.
 #include <c10/util/Exception.h>
 
+#include "torch/device_uneven.h"
 #include "torch/process_group.h"
 #include "torch/tensor_util.h"
 
@@ -362,8 +363,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::alltoall(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::all_gather_v(at::Tensor& output, at::Tensor& input,
                                                                std::vector<int64_t> counts) {
-  TORCH_CHECK_VALUE(input.device().is_cpu() && output.device().is_cpu(),
-                    "hcomm: all_gather_v runs on CPU tensors in this version");
+  if (!input.device().is_cpu() || !output.device().is_cpu()) {
+    on_device(input.device().is_cpu() ? output : input);  // no device backend: says so
+    return padded_all_gather_v(*device_backend_, output, input, counts);
+  }
   check_dense(input, "all_gather_v", "input");
   check_same_dtype(input, output, "all_gather_v");
   at::Tensor in = input.contiguous(), out = writable(output);
@@ -379,8 +382,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::all_gather_v(at::Tensor& outpu
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce_scatter_v(at::Tensor& output, at::Tensor& input,
                                                                    std::vector<int64_t> counts,
                                                                    const c10d::ReduceOp& op) {
-  TORCH_CHECK_VALUE(input.device().is_cpu() && output.device().is_cpu(),
-                    "hcomm: reduce_scatter_v runs on CPU tensors in this version");
+  if (!input.device().is_cpu() || !output.device().is_cpu()) {
+    on_device(input.device().is_cpu() ? output : input);
+    return padded_reduce_scatter_v(*device_backend_, output, input, counts, op);
+  }
   check_dense(input, "reduce_scatter_v", "input");
   check_same_dtype(input, output, "reduce_scatter_v");
   at::Tensor in = input.contiguous(), out = writable(output);
