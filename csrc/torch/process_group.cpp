@@ -137,15 +137,28 @@ void ProcessGroupHComm::set_staging(bool force, int64_t chunk_bytes, double copy
   comm_->set_hierarchy(std::move(h));
 }
 
-bool ProcessGroupHComm::on_device(const at::Tensor& t) const {
-  if (t.device().is_cpu()) return false;
-  TORCH_CHECK_VALUE(device_backend_, "hcomm: tensor on ", t.device(),
-                    " but this group has no device backend (hcomm was built or initialised without one)");
+bool ProcessGroupHComm::on_device(const char* op, const std::vector<at::Tensor>& tensors) const {
+  const at::Tensor* device = nullptr;
+  bool host = false;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (t.device().is_cpu()) {
+      host = true;
+    } else if (!device) {
+      device = &t;
+    } else {
+      TORCH_CHECK_VALUE(t.device() == device->device(), "hcomm: ", op, " on rank ", getRank(), ": tensors on ",
+                        device->device(), " and ", t.device(), " in one call; put them on one device");
+    }
+  }
+  if (!device) return false;
+  TORCH_CHECK_VALUE(!host, "hcomm: ", op, " on rank ", getRank(), ": tensors on cpu and ", device->device(),
+                    " in one call; put them on one device");
+  TORCH_CHECK_VALUE(device_backend_, "hcomm: ", op, " on rank ", getRank(), ": tensor on ", device->device(),
+                    " but this group has no backend for it (hcomm was built without CUDA, or ",
+                    device->device().type() == at::kCUDA ? "no GPU or NCCL was found when the group was created)"
+                                                           : "no vendor library for that device is wired in)");
   return true;
-}
-
-bool ProcessGroupHComm::on_device(const std::vector<at::Tensor>& tensors) const {
-  return !tensors.empty() && on_device(tensors.front());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::run(CollectiveArgs args, c10d::OpType type,
@@ -209,7 +222,7 @@ struct InPlace {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  if (on_device(tensors)) return device_backend_->broadcast(tensors, opts);
+  if (on_device("broadcast", tensors)) return device_backend_->broadcast(tensors, opts);
   checked(*comm_, OpKind::kBroadcast, [&] {
     check_single(tensors, "broadcast");
     check_dense(tensors[0], "broadcast", "tensor");
@@ -225,7 +238,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::broadcast(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  if (on_device(tensors)) return device_backend_->allreduce(tensors, opts);
+  if (on_device("all_reduce", tensors)) return device_backend_->allreduce(tensors, opts);
   checked(*comm_, OpKind::kAllReduce, [&] {
     check_single(tensors, "allreduce");
     check_dense(tensors[0], "allreduce", "tensor");
@@ -241,7 +254,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
-  if (on_device(tensors)) return device_backend_->allreduce_coalesced(tensors, opts);
+  if (on_device("all_reduce_coalesced", tensors)) return device_backend_->allreduce_coalesced(tensors, opts);
   TORCH_CHECK_VALUE(!tensors.empty(), "hcomm: allreduce_coalesced needs at least one tensor");
   bool uniform = true;
   for (auto& t : tensors) {
@@ -281,7 +294,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allreduce_coalesced(std::vecto
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  if (on_device(tensors)) return device_backend_->reduce(tensors, opts);
+  if (on_device("reduce", tensors)) return device_backend_->reduce(tensors, opts);
   checked(*comm_, OpKind::kReduce, [&] {
     check_single(tensors, "reduce");
     check_dense(tensors[0], "reduce", "tensor");
@@ -302,7 +315,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce(std::vector<at::Tensor>
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  if (on_device(tensors)) return device_backend_->send(tensors, dstRank, tag);
+  if (on_device("send", tensors)) return device_backend_->send(tensors, dstRank, tag);
   check_single(tensors, "send");
   check_dense(tensors[0], "send", "tensor");
   at::Tensor t = tensors[0].contiguous();
@@ -315,7 +328,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::send(std::vector<at::Tensor>& 
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  if (on_device(tensors)) return device_backend_->recv(tensors, srcRank, tag);
+  if (on_device("recv", tensors)) return device_backend_->recv(tensors, srcRank, tag);
   check_single(tensors, "recv");
   check_dense(tensors[0], "recv", "tensor");
   InPlace t(tensors[0]);

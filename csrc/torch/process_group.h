@@ -106,8 +106,10 @@ class ProcessGroupHComm final : public c10d::Backend {
                                      const char* title);
   c10::intrusive_ptr<c10d::Work> join(std::vector<c10::intrusive_ptr<c10d::Work>> works, c10d::OpType type,
                                       std::vector<at::Tensor> outputs);
-  bool on_device(const std::vector<at::Tensor>& tensors) const;
-  bool on_device(const at::Tensor& t) const;
+  // Whether the call's tensors are device memory (the device backend runs
+  // it).  All must be on one device; a mix, or a device this group has no
+  // backend for, is refused naming the op and the rank.
+  bool on_device(const char* op, const std::vector<at::Tensor>& tensors) const;
 
   c10::intrusive_ptr<c10d::Backend> host_backend_;
   c10::intrusive_ptr<c10d::Backend> device_backend_;

@@ -7,6 +7,21 @@
 #include "torch/tensor_util.h"
 
 namespace hcomm {
+
+namespace {
+// Every tensor of a call, for the one-device check.
+std::vector<at::Tensor> joined(const std::vector<std::vector<at::Tensor>>& lists, const std::vector<at::Tensor>& more) {
+  std::vector<at::Tensor> all(more);
+  for (const auto& l : lists) all.insert(all.end(), l.begin(), l.end());
+  return all;
+}
+std::vector<at::Tensor> joined(const std::vector<at::Tensor>& a, const std::vector<std::vector<at::Tensor>>& lists) {
+  return joined(lists, a);
+}
+std::vector<at::Tensor> joined(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  return joined(std::vector<std::vector<at::Tensor>>{b}, a);
+}
+}  // namespace
 namespace {
 
 std::vector<int64_t> numels(const std::vector<at::Tensor>& ts) {
@@ -79,7 +94,7 @@ std::vector<int64_t> rows_to_elements(std::vector<int64_t> splits, const at::Ten
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  if (on_device(inputs)) return device_backend_->allgather(outputs, inputs, opts);
+  if (on_device("all_gather", joined(outputs, inputs))) return device_backend_->allgather(outputs, inputs, opts);
   CollectiveArgs a;
   a.kind = OpKind::kAllGather;
   std::vector<at::Tensor>* outs_p = nullptr;
@@ -118,7 +133,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allgather(std::vector<std::vec
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  if (on_device(input)) return device_backend_->_allgather_base(output, input, opts);
+  if (on_device("all_gather", {output, input})) return device_backend_->_allgather_base(output, input, opts);
   checked(*comm_, OpKind::kAllGather, [&] {
     check_dense(input, "all_gather_into_tensor", "input");
     check_same_dtype(input, output, "all_gather_into_tensor");
@@ -177,7 +192,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::allgather_into_tensor_coalesce
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  if (on_device(inputs)) return device_backend_->gather(outputs, inputs, opts);
+  if (on_device("gather", joined(outputs, inputs))) return device_backend_->gather(outputs, inputs, opts);
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor in;
   std::vector<at::Tensor> outs;
@@ -213,7 +228,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::gather(std::vector<std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  if (on_device(outputs)) return device_backend_->scatter(outputs, inputs, opts);
+  if (on_device("scatter", joined(inputs, outputs))) return device_backend_->scatter(outputs, inputs, opts);
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor out;
   checked(*comm_, OpKind::kScatter, [&] {
@@ -245,7 +260,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::scatter(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  if (on_device(outputs)) return device_backend_->reduce_scatter(outputs, inputs, opts);
+  if (on_device("reduce_scatter", joined(inputs, outputs))) return device_backend_->reduce_scatter(outputs, inputs, opts);
   at::Tensor out;
   std::vector<int64_t> counts;
   checked(*comm_, OpKind::kReduceScatter, [&] {
@@ -272,7 +287,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce_scatter(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  if (on_device(input)) return device_backend_->_reduce_scatter_base(output, input, opts);
+  if (on_device("reduce_scatter", {output, input})) return device_backend_->_reduce_scatter_base(output, input, opts);
   checked(*comm_, OpKind::kReduceScatter, [&] {
     check_dense(input, "reduce_scatter_tensor", "input");
     check_same_dtype(input, output, "reduce_scatter_tensor");
@@ -304,7 +319,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& outputSplitSizes,
                                                                 std::vector<int64_t>& inputSplitSizes,
                                                                 const c10d::AllToAllOptions& opts) {
-  if (on_device(input)) return device_backend_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
+  if (on_device("all_to_all", {output, input})) return device_backend_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
   at::Tensor in, out;
   CollectiveArgs a;
   const bool even = outputSplitSizes.empty() && inputSplitSizes.empty();
@@ -339,7 +354,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::alltoall_base(at::Tensor& outp
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  if (on_device(inputs)) return device_backend_->alltoall(outputs, inputs, opts);
+  if (on_device("all_to_all", joined(outputs, inputs))) return device_backend_->alltoall(outputs, inputs, opts);
   checked(*comm_, OpKind::kAllToAllV, [&] {
     TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == getSize() && static_cast<int>(outputs.size()) == getSize(),
                       "hcomm: all_to_all needs ", getSize(), " input and output tensors, got ", inputs.size(), " and ",
@@ -363,10 +378,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::alltoall(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::all_gather_v(at::Tensor& output, at::Tensor& input,
                                                                std::vector<int64_t> counts) {
-  if (!input.device().is_cpu() || !output.device().is_cpu()) {
-    on_device(input.device().is_cpu() ? output : input);  // no device backend: says so
-    return padded_all_gather_v(*device_backend_, output, input, counts);
-  }
+  if (on_device("all_gather_v", {output, input})) return padded_all_gather_v(*device_backend_, output, input, counts);
   check_dense(input, "all_gather_v", "input");
   check_same_dtype(input, output, "all_gather_v");
   at::Tensor in = input.contiguous(), out = writable(output);
@@ -382,10 +394,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::all_gather_v(at::Tensor& outpu
 c10::intrusive_ptr<c10d::Work> ProcessGroupHComm::reduce_scatter_v(at::Tensor& output, at::Tensor& input,
                                                                    std::vector<int64_t> counts,
                                                                    const c10d::ReduceOp& op) {
-  if (!input.device().is_cpu() || !output.device().is_cpu()) {
-    on_device(input.device().is_cpu() ? output : input);
+  if (on_device("reduce_scatter_v", {output, input}))
     return padded_reduce_scatter_v(*device_backend_, output, input, counts, op);
-  }
   check_dense(input, "reduce_scatter_v", "input");
   check_same_dtype(input, output, "reduce_scatter_v");
   at::Tensor in = input.contiguous(), out = writable(output);

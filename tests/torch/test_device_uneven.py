@@ -79,3 +79,42 @@ def test_padded_uneven_collectives_are_exact_and_refuse_bad_calls(pool):
         # rank 0: the counts sum to 8 for an output of 9; ranks 1 and 2: their own count is not their input's 5
         assert bad_counts is not None and "ValueError" in bad_counts and "output_split_sizes" in bad_counts, bad_counts
         assert bad_device is not None and f"rank {r}" in bad_device and "meta" in bad_device, bad_device
+
+
+def case_device_mix(ctx):
+    import hcomm  # noqa: F401
+    from hcomm.collectives import _backend
+
+    dist.init_process_group("hcomm", init_method=f"file://{ctx.tmp}/device-mix", rank=ctx.rank,
+                            world_size=ctx.world, timeout=datetime.timedelta(seconds=30))
+    try:
+        pg = _backend()
+        errors = {}
+        calls = {
+            "mixed": lambda: pg._allgather_base(torch.zeros(3 * ctx.world), torch.zeros(3, device="meta")),
+            "mixed_v": lambda: pg.all_gather_v(torch.zeros(3 * ctx.world, device="meta"), torch.zeros(3),
+                                               [3] * ctx.world),
+            "no_backend": lambda: pg.allreduce([torch.zeros(3, device="meta")]),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+                errors[name] = None
+            except (ValueError, RuntimeError) as e:
+                errors[name] = f"{type(e).__name__}: {e}"
+        x = torch.ones(4)
+        dist.all_reduce(x)  # the group is still fine: nothing was sent
+        errors["after"] = float(x[0])
+        return errors
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tensors_on_two_devices_or_a_device_without_backend_are_refused_naming_the_rank(pool):
+    for r, e in enumerate(pool.run(case_device_mix)):
+        assert e["mixed"] and e["mixed"].startswith("ValueError") and f"all_gather on rank {r}" in e["mixed"] \
+            and "tensors on cpu and meta in one call" in e["mixed"], e
+        assert e["mixed_v"] and f"all_gather_v on rank {r}" in e["mixed_v"] and "cpu and meta" in e["mixed_v"], e
+        assert e["no_backend"] and f"all_reduce on rank {r}" in e["no_backend"] \
+            and "no backend for it" in e["no_backend"], e
+        assert e["after"] == WORLD
