@@ -32,8 +32,8 @@ def case_padded(ctx):
 
     dist.init_process_group("gloo", init_method=f"file://{ctx.tmp}/padded", rank=ctx.rank, world_size=ctx.world,
                             timeout=datetime.timedelta(seconds=30))
+    gloo = dist.group.WORLD._get_backend(torch.device("cpu"))
     try:
-        gloo = dist.group.WORLD._get_backend(torch.device("cpu"))
         out = {}
         for i, counts in enumerate(COUNTS):
             for dt in (torch.float32, torch.int64, torch.bfloat16):
@@ -57,6 +57,10 @@ def case_padded(ctx):
         out["errors"] = errors
         return out
     finally:
+        # Drop the backend before the group: a ProcessGroupGloo that outlives destroy_process_group
+        # (held from _get_backend) sometimes aborts the process later ("terminate called without an
+        # active exception"), with torch's own calls alone too.
+        gloo = None  # noqa: F841
         dist.destroy_process_group()
 
 
@@ -87,8 +91,8 @@ def case_device_mix(ctx):
 
     dist.init_process_group("hcomm", init_method=f"file://{ctx.tmp}/device-mix", rank=ctx.rank,
                             world_size=ctx.world, timeout=datetime.timedelta(seconds=30))
+    pg = _backend()
     try:
-        pg = _backend()
         errors = {}
         calls = {
             "mixed": lambda: pg._allgather_base(torch.zeros(3 * ctx.world), torch.zeros(3, device="meta")),
@@ -107,6 +111,7 @@ def case_device_mix(ctx):
         errors["after"] = float(x[0])
         return errors
     finally:
+        pg = None  # noqa: F841  (as above: no backend outlives its group)
         dist.destroy_process_group()
 
 
