@@ -3,8 +3,10 @@
 Across islands the all-reduce is a reduce-scatter + all-gather: island j reduces its share f_j of each
 chunk and sends the results back, so an island moves (1 + (k-2) f_j) x B each way instead of the direct
 exchange's (k-1) x B, and a slow uplink gets a small share.  Each element is still reduced once in island
-order, so the results must equal the direct exchange's bit for bit (random floats, every op, odd sizes,
-2 to 4 islands of uneven sizes, staged or not), and the bytes each rank sends must follow the shares:
+order, so at the same chunking the results must equal the direct exchange's bit for bit (random floats,
+every op, odd sizes, 2 to 4 islands of uneven sizes, staged or not; where the cost model cuts the two
+into different chunks, floats agree to rounding and integers exactly), every rank must hold the same
+bits, and the bytes each rank sends must follow the shares:
 with uplinks 150 / 100 / 50 MB/s on 3+2+1 the 50 MB/s island reduces nothing and sends B once.
 """
 import numpy as np
@@ -57,11 +59,17 @@ def test_owner_exchange_equals_the_direct_one_bitwise(shape, dtype, op, n, betas
     w = world(islands)
     b = [] if betas == () else [1.5e8 / (i + 1) for i in range(len(islands))]
     direct, owner = inputs(n, w, dtype), inputs(n, w, dtype)
-    all_reduce(islands, dtype, op, direct, DIRECT, b)
-    all_reduce(islands, dtype, op, owner, OWNER, b)
+    rd = all_reduce(islands, dtype, op, direct, DIRECT, b)
+    ro = all_reduce(islands, dtype, op, owner, OWNER, b)
     for r in range(w):
-        np.testing.assert_array_equal(owner[r], direct[r])
         np.testing.assert_array_equal(owner[r], owner[0])
+        if rd[0]["chunk_bytes"] == ro[0]["chunk_bytes"] or not dtype.startswith("float"):
+            np.testing.assert_array_equal(owner[r], direct[r])
+        else:
+            # The cost model cut the two into different chunks (the owner exchange pipelines its two phases),
+            # so the intra-island rings sum in another order: equal to rounding.
+            tol = 1e-5 if dtype == "float32" else 1e-13
+            np.testing.assert_allclose(owner[r], direct[r], rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("staged", ["all", "last island"])
@@ -69,7 +77,9 @@ def test_owner_exchange_through_the_staging_bridge(staged):
     islands = SHAPES["3+2+1"]
     n = 300_001
     ranks = range(6) if staged == "all" else [5]
-    direct, owner = inputs(n, 6, "float32", seed=3), inputs(n, 6, "float32", seed=3)
+    # integer-valued floats: exact whatever chunks the cost model picks with and without the copies
+    direct = [a.astype(np.float32) for a in inputs(n, 6, "int32", seed=3)]
+    owner = [a.copy() for a in direct]
     all_reduce(islands, "float32", "sum", direct, DIRECT)
     recs = all_reduce(islands, "float32", "sum", owner, OWNER, staged=ranks)
     for r in range(6):

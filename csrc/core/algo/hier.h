@@ -33,6 +33,7 @@ Range overlap(Range a, Range b);
 constexpr int kTagIntraRS = kAlgoTag + 1;
 constexpr int kTagIntraAG = kAlgoTag + 2;
 constexpr int kTagInter = kAlgoTag + 3;
+constexpr int kTagInterReturn = kAlgoTag + 4;  // the owner exchange's second phase
 
 // Cross-island all-reduce of this rank's range `mine` (a slice of `buf`):
 // exchanges overlapping pieces with the owners in every other island (as
@@ -43,13 +44,19 @@ void inter_island_all_reduce(Transport& flat, const Hierarchy& h, const Buffer& 
                              std::vector<uint8_t>& scratch, size_t* bytes_sent);
 
 // The cross-island step as a reduce-scatter + all-gather across islands
-// (hier_owner.cpp): island j reduces its owner range `owners[j]` and sends
-// the results back.  Better than the direct exchange from 3 islands up;
-// bitwise the same results.  `divide_by` > 1 divides the owned results
-// (an average) before they go back.
-void inter_island_owner_all_reduce(Transport& flat, const Hierarchy& h, const Buffer& buf,
-                                   const std::vector<std::vector<Range>>& partitions, const std::vector<Range>& owners,
-                                   ReduceOp op, int divide_by, std::vector<uint8_t>& scratch, size_t* bytes_sent);
+// (hier_owner.cpp): island j reduces its owner range `owners[j]`.  Better
+// than the direct exchange from 3 islands up; bitwise the same results.
+// Two phases on their own tags, so that chunk k's return phase (the uplink's
+// ingress, mostly) overlaps chunk k+1's reduce phase (its egress):
+// - reduce: partials of the others' owner ranges out, of mine in; reduce in
+//   island order; `divide_by` > 1 divides the results (an average);
+// - return: the results of what I own out, the rest of my partition in.
+void owner_reduce_phase(Transport& flat, const Hierarchy& h, const Buffer& buf,
+                        const std::vector<std::vector<Range>>& partitions, const std::vector<Range>& owners,
+                        ReduceOp op, int divide_by, std::vector<uint8_t>& scratch, size_t* bytes_sent);
+void owner_return_phase(Transport& flat, const Hierarchy& h, const Buffer& buf,
+                        const std::vector<std::vector<Range>>& partitions, const std::vector<Range>& owners,
+                        size_t* bytes_sent);
 // Each island's share of the owner ranges for uplink bandwidths `beta`
 // (bytes/s): the shares that minimise the slowest uplink's time, where an
 // island with share f moves (1 + (k - 2) f) x bytes each way.

@@ -43,9 +43,12 @@ struct Shape {
 };
 
 // Predicted seconds for one chunk's stages: intra RS, copy up (staged),
-// inter exchange, copy down (staged), intra AG.
+// inter exchange (owner: its reduce phase, then its return phase `inter2`),
+// copy down (staged), intra AG.  `link`: the owner exchange's two phases of
+// successive chunks share each uplink, so a chunk also takes at least the
+// uplink's time for both phases' bytes in one direction.
 struct StageTimes {
-  double rs = 0, up = 0, inter = 0, down = 0, ag = 0;
+  double rs = 0, up = 0, inter = 0, inter2 = 0, link = 0, down = 0, ag = 0;
 };
 
 StageTimes stage_times(const Hierarchy& h, double bytes, const Shape& shape) {
@@ -63,16 +66,24 @@ StageTimes stage_times(const Hierarchy& h, double bytes, const Shape& shape) {
     // Ranks that share an uplink divide its bandwidth.
     const int sharing = h.uplink_sharing.empty() ? 1 : std::max(1, h.uplink_sharing[i]);
     const double per_uplink = bytes * shape.ratio / s * sharing;
-    const double out_bytes = shape.owner ? per_uplink * (1.0 + (k - 2.0) * shape.shares[i]) : per_uplink * (k - 1.0);
-    const double messages = shape.owner ? 2.0 * (k - 1.0) : k - 1.0;
-    t.inter = std::max(t.inter, h.inter_link.alpha * messages + out_bytes / beta[i]);
+    const double a = h.inter_link.alpha * (k - 1.0);
+    if (!shape.owner) {
+      t.inter = std::max(t.inter, a + per_uplink * (k - 1.0) / beta[i]);
+      continue;
+    }
+    // Share f: reduce phase out (1-f)P, in (k-1)fP; return phase the reverse.
+    const double f = shape.shares[i];
+    const double one = (1.0 - f) * per_uplink, many = (k - 1.0) * f * per_uplink;
+    t.inter = std::max(t.inter, a + std::max(one, many) / beta[i]);
+    t.inter2 = std::max(t.inter2, a + std::max(one, many) / beta[i]);
+    t.link = std::max(t.link, 2.0 * a + (one + many) / beta[i]);
   }
   return t;
 }
 
 double pipelined(const StageTimes& c, int chunks) {
-  const double slowest = std::max({c.rs, c.up, c.inter, c.down, c.ag});
-  return c.rs + c.up + c.inter + c.down + c.ag + (chunks - 1) * slowest;
+  const double slowest = std::max({c.rs, c.up, c.inter, c.inter2, c.link, c.down, c.ag});
+  return c.rs + c.up + c.inter + c.inter2 + c.down + c.ag + (chunks - 1) * slowest;
 }
 
 // Sets shape.chunks and shape.seconds: the chunk count the model likes best.
@@ -231,49 +242,90 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
       rs_done.fail();
     }
   });
+  // The exchange's buffer for chunk k: `buf` itself, or the host copy of my
+  // range (element 0 = element mine.begin, so the partitions shift with it).
+  struct View {
+    Buffer target;
+    std::vector<std::vector<Range>> parts;
+    int64_t shift = 0;
+    Range mine;
+  };
+  auto view_of = [&](int k) {
+    View v{buf, partitions_of(k), 0, {}};
+    v.mine = v.parts[me][local];
+    if (engine) {
+      v.target = Buffer{block.data() + host_off[k], v.mine.size(), buf.dtype};
+      v.shift = v.mine.begin;
+      v.parts = shifted(std::move(v.parts), -v.shift);
+    }
+    return v;
+  };
+  auto owners_of = [&](int k, int64_t shift) {
+    return owner_ranges(shape.shares, Range{chunk_off[k] - shift, chunk_off[k] + chunk_counts[k] - shift});
+  };
+  // Chunk k is back in `buf` (copied down when staged): the all-gather may start.
+  auto exchanged = [&](int k, const View& v) {
+    if (engine)
+      down[k] = engine->to_device(buf.slice(v.mine.begin, 0).data, v.target.data, host_off[k + 1] - host_off[k]);
+    x_done.advance();
+  };
+  Progress reduced;  // owner exchange: chunk k's reduce phase is done
+  size_t return_bytes = 0;
+  double return_s = 0;
+  std::exception_ptr return_error;
   std::thread x_thread = spawn([&] {
     std::vector<uint8_t> scratch;
     try {
       for (int k = 0; k < chunks; ++k) {
         if (!rs_done.wait_for(k)) throw Error(ErrorKind::kRuntime, "hcomm: hier all_reduce: intra-island stage failed");
         auto t0 = clock::now();
-        auto parts = partitions_of(k);
-        const Range mine = parts[me][local];
-        // The exchange's buffer: `buf` itself, or the host copy of my range
-        // (element 0 = element mine.begin, so the partitions shift with it).
-        Buffer target = buf;
-        int64_t shift = 0;
-        if (engine) {
-          engine->wait(up[k]);
-          target = Buffer{block.data() + host_off[k], mine.size(), buf.dtype};
-          shift = mine.begin;
-          parts = shifted(std::move(parts), -shift);
-        }
+        if (engine) engine->wait(up[k]);
+        View v = view_of(k);
+        const int divide = args.reduce == ReduceOp::kAvg ? flat.size() : 1;
         if (shape.owner) {
-          Range whole{chunk_off[k] - shift, chunk_off[k] + chunk_counts[k] - shift};
-          inter_island_owner_all_reduce(flat, h, target, parts, owner_ranges(shape.shares, whole), args.reduce,
-                                        args.reduce == ReduceOp::kAvg ? flat.size() : 1, scratch, &inter_bytes);
-        } else {
-          if (compressed_inter(h, args))
-            inter_island_all_reduce_compressed(flat, h, target, parts, args.reduce,
-                                               // Residuals keyed by buffer length and offset (a
-                                               // DDP bucket keeps its length step to step).
-                                               (static_cast<int64_t>(buf.count) << 32) + shift, &inter_bytes);
-          else
-            inter_island_all_reduce(flat, h, target, parts, args.reduce, scratch, &inter_bytes);
-          if (args.reduce == ReduceOp::kAvg)
-            kernels::divide_by(target.slice(mine.begin - shift, 0).data, mine.size(), buf.dtype, flat.size());
+          owner_reduce_phase(flat, h, v.target, v.parts, owners_of(k, v.shift), args.reduce, divide, scratch,
+                             &inter_bytes);
+          inter_s += secs(t0);
+          reduced.advance();
+          continue;
         }
-        if (engine)
-          down[k] = engine->to_device(buf.slice(mine.begin, 0).data, target.data, host_off[k + 1] - host_off[k]);
+        if (compressed_inter(h, args))
+          inter_island_all_reduce_compressed(flat, h, v.target, v.parts, args.reduce,
+                                             // Residuals keyed by buffer length and offset (a
+                                             // DDP bucket keeps its length step to step).
+                                             (static_cast<int64_t>(buf.count) << 32) + v.shift, &inter_bytes);
+        else
+          inter_island_all_reduce(flat, h, v.target, v.parts, args.reduce, scratch, &inter_bytes);
+        if (divide > 1) kernels::divide_by(v.target.slice(v.mine.begin - v.shift, 0).data, v.mine.size(), buf.dtype, divide);
         inter_s += secs(t0);
-        x_done.advance();
+        exchanged(k, v);
       }
     } catch (...) {
       x_error = std::current_exception();
+      reduced.fail();
       x_done.fail();
     }
   });
+  // Owner exchange: the results go back on their own thread, so chunk k's
+  // return (mostly the uplink's ingress) overlaps chunk k+1's reduce phase
+  // (mostly its egress).
+  std::thread return_thread;
+  if (shape.owner)
+    return_thread = spawn([&] {
+      try {
+        for (int k = 0; k < chunks; ++k) {
+          if (!reduced.wait_for(k)) throw Error(ErrorKind::kRuntime, "hcomm: hier all_reduce: reduce phase failed");
+          auto t0 = clock::now();
+          View v = view_of(k);
+          owner_return_phase(flat, h, v.target, v.parts, owners_of(k, v.shift), &return_bytes);
+          return_s += secs(t0);
+          exchanged(k, v);
+        }
+      } catch (...) {
+        return_error = std::current_exception();
+        x_done.fail();
+      }
+    });
   std::exception_ptr ag_error;
   try {
     for (int k = 0; k < chunks; ++k) {
@@ -288,20 +340,23 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   } catch (...) {
     ag_error = std::current_exception();
     rs_done.fail();
+    reduced.fail();
     x_done.fail();
   }
   if (rs_thread.joinable()) rs_thread.join();
   if (x_thread.joinable()) x_thread.join();
+  if (return_thread.joinable()) return_thread.join();
   // Copies still in flight read or write the host block: let them land
   // before it goes back to the pool, also when a stage failed.
   if (engine)
     for (int k = 0; k < chunks; ++k) engine->wait(up[k]), engine->wait(down[k]);
   if (rs_error) std::rethrow_exception(rs_error);
   if (x_error) std::rethrow_exception(x_error);
+  if (return_error) std::rethrow_exception(return_error);
   if (ag_error) std::rethrow_exception(ag_error);
   intra_bytes *= 2;  // the all-gather moves what the reduce-scatter did
   record.tiers.push_back({"intra", intra_bytes, rs_s + ag_s});
-  record.tiers.push_back({"inter", inter_bytes, inter_s});
+  record.tiers.push_back({"inter", inter_bytes + return_bytes, inter_s + return_s});
 }
 
 }  // namespace

@@ -63,32 +63,37 @@ std::vector<Range> owner_ranges(const std::vector<double>& shares, Range whole) 
   return out;
 }
 
-void inter_island_owner_all_reduce(Transport& flat, const Hierarchy& h, const Buffer& buf,
-                                   const std::vector<std::vector<Range>>& partitions, const std::vector<Range>& owners,
-                                   ReduceOp op, int divide_by, std::vector<uint8_t>& scratch, size_t* bytes_sent) {
+namespace {
+// What this rank reduces: its partition's part of its island's owner range.
+Range owned_by_me(const Hierarchy& h, int rank, const std::vector<std::vector<Range>>& partitions,
+                  const std::vector<Range>& owners) {
+  const int me = h.island_of[rank];
+  return overlap(partitions[me][h.local_index[rank]], owners[me]);
+}
+}  // namespace
+
+void owner_reduce_phase(Transport& flat, const Hierarchy& h, const Buffer& buf,
+                        const std::vector<std::vector<Range>>& partitions, const std::vector<Range>& owners,
+                        ReduceOp op, int divide_by, std::vector<uint8_t>& scratch, size_t* bytes_sent) {
   const int rank = flat.rank();
   const int me = h.island_of[rank];
   const Range mine = partitions[me][h.local_index[rank]];
   const size_t esize = dtype_size(buf.dtype);
   const size_t k = h.count();
-  // What I reduce: my partition's part of my island's owner range.
-  const Range owned = overlap(mine, owners[me]);
+  const Range owned = owned_by_me(h, rank, partitions, owners);
   const size_t per_island = static_cast<size_t>(owned.size()) * esize;
   if (scratch.size() < per_island * k) scratch.resize(per_island * k);
-
-  // Phase 1: partials of each owned range to its owners; mine of O_me from the others.
+  // My partials of the other islands' owner ranges to their owners; theirs of what I own to me.
   std::vector<std::unique_ptr<Pending>> ops;
   for (size_t j = 0; j < k; ++j) {
     if (static_cast<int>(j) == me) continue;
     for (size_t q = 0; q < partitions[j].size(); ++q) {
       const int peer = h.islands[j][q];
-      // I send my partial of island j's owner range to its owner ranks.
       Range out = overlap(overlap(mine, owners[j]), partitions[j][q]);
       if (out.size() > 0) {
         ops.push_back(flat.isend(buf.slice(out.begin, out.size()), peer, kTagInter));
         if (bytes_sent) *bytes_sent += static_cast<size_t>(out.size()) * esize;
       }
-      // ... and receive island j's partial of what I own.
       Range in = overlap(owned, partitions[j][q]);
       if (in.size() > 0) {
         Buffer dst = buf;
@@ -99,34 +104,43 @@ void inter_island_owner_all_reduce(Transport& flat, const Hierarchy& h, const Bu
     }
   }
   for (auto& p : ops) p->wait();
-  ops.clear();
+  if (owned.size() == 0) return;
   // Reduce in island order (the same sequence as the direct exchange).
-  if (owned.size() > 0) {
-    Buffer acc = buf.slice(owned.begin, owned.size());
-    if (me != 0) {
-      std::vector<uint8_t> own(per_island);
-      std::memcpy(own.data(), acc.data, per_island);
-      std::memcpy(acc.data, scratch.data(), per_island);
-      for (size_t j = 1; j < k; ++j)
-        kernels::reduce_into(acc.data, static_cast<int>(j) == me ? own.data() : scratch.data() + j * per_island,
-                             acc.count, acc.dtype, op);
-    } else {
-      for (size_t j = 1; j < k; ++j) kernels::reduce_into(acc.data, scratch.data() + j * per_island, acc.count, acc.dtype, op);
-    }
-    if (divide_by > 1) kernels::divide_by(acc.data, acc.count, acc.dtype, divide_by);
+  Buffer acc = buf.slice(owned.begin, owned.size());
+  if (me != 0) {
+    std::vector<uint8_t> own(per_island);
+    std::memcpy(own.data(), acc.data, per_island);
+    std::memcpy(acc.data, scratch.data(), per_island);
+    for (size_t j = 1; j < k; ++j)
+      kernels::reduce_into(acc.data, static_cast<int>(j) == me ? own.data() : scratch.data() + j * per_island,
+                           acc.count, acc.dtype, op);
+  } else {
+    for (size_t j = 1; j < k; ++j) kernels::reduce_into(acc.data, scratch.data() + j * per_island, acc.count, acc.dtype, op);
   }
-  // Phase 2: results from the owners of the rest of my partition; mine to the others.
-  for (size_t j = 0; j < k; ++j) {
+  if (divide_by > 1) kernels::divide_by(acc.data, acc.count, acc.dtype, divide_by);
+}
+
+void owner_return_phase(Transport& flat, const Hierarchy& h, const Buffer& buf,
+                        const std::vector<std::vector<Range>>& partitions, const std::vector<Range>& owners,
+                        size_t* bytes_sent) {
+  const int rank = flat.rank();
+  const int me = h.island_of[rank];
+  const Range mine = partitions[me][h.local_index[rank]];
+  const size_t esize = dtype_size(buf.dtype);
+  const Range owned = owned_by_me(h, rank, partitions, owners);
+  // Results of what I own to the other islands; theirs of the rest of my partition to me.
+  std::vector<std::unique_ptr<Pending>> ops;
+  for (size_t j = 0; j < h.count(); ++j) {
     if (static_cast<int>(j) == me) continue;
     for (size_t q = 0; q < partitions[j].size(); ++q) {
       const int peer = h.islands[j][q];
       Range out = overlap(owned, partitions[j][q]);
       if (out.size() > 0) {
-        ops.push_back(flat.isend(buf.slice(out.begin, out.size()), peer, kTagInter));
+        ops.push_back(flat.isend(buf.slice(out.begin, out.size()), peer, kTagInterReturn));
         if (bytes_sent) *bytes_sent += static_cast<size_t>(out.size()) * esize;
       }
       Range in = overlap(overlap(mine, owners[j]), partitions[j][q]);
-      if (in.size() > 0) ops.push_back(flat.irecv(buf.slice(in.begin, in.size()), peer, kTagInter));
+      if (in.size() > 0) ops.push_back(flat.irecv(buf.slice(in.begin, in.size()), peer, kTagInterReturn));
     }
   }
   for (auto& p : ops) p->wait();
