@@ -350,6 +350,9 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   // before it goes back to the pool, also when a stage failed.
   if (engine)
     for (int k = 0; k < chunks; ++k) engine->wait(up[k]), engine->wait(down[k]);
+  // After a failure the transport may still deliver into the block (a
+  // receive posted before a peer died): it must never serve another op.
+  if (engine && (rs_error || x_error || return_error || ag_error)) new stage::HostBlock(std::move(block));
   if (rs_error) std::rethrow_exception(rs_error);
   if (x_error) std::rethrow_exception(x_error);
   if (return_error) std::rethrow_exception(return_error);
