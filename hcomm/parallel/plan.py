@@ -262,6 +262,8 @@ def apportion(shares: Sequence[float], total: int) -> List[int]:
     rank.  A zero share always gets 0.
     """
     norm = sum(shares)
+    if not norm > 0:
+        raise ValueError(f"apportion: the shares {list(shares)} have no positive sum to divide {total} by")
     ideal = [total * s / norm for s in shares]
     counts = [math.floor(x) for x in ideal]
     left = total - sum(counts)

@@ -127,6 +127,12 @@ def test_apportion_properties(weights, total):
             assert n == 0
 
 
+def test_apportion_refuses_shares_without_a_positive_sum():
+    """All-zero speeds (no replica predicted in finite time) once divided by zero inside the planner."""
+    with pytest.raises(ValueError, match="no positive sum"):
+        apportion([0.0, 0.0], 4)
+
+
 # --- validation ----------------------------------------------------------------------
 
 def plan_with(**changes) -> Plan:

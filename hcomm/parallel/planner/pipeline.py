@@ -21,6 +21,8 @@ and micro-batch count for those cuts.
 """
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import itertools
 from dataclasses import dataclass
@@ -189,7 +191,11 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
             best = result
         # rows inverse to the predicted time per row, then predict again
         per_row = [r.step_s / r.rows if r.rows else 0.0 for r in result[1]]
-        speed = [1.0 / t if t else 0.0 for t in per_row]
+        speed = [1.0 / t if t and math.isfinite(t) else 0.0 for t in per_row]
+        if not sum(speed) > 0:
+            # no replica predicted a finite time for its rows (e.g. one has none and the other's
+            # pieces do not fit): nothing to re-split by; keep the first prediction
+            break
         rows = [n * unit for n in apportion(speed, global_batch // unit)]
     return best
 
