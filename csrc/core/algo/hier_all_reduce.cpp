@@ -2,13 +2,18 @@
 //
 //   1. reduce-scatter inside each island (ring over the island's library),
 //   2. all-reduce of each shard across islands, owners matched by overlap
-//      (hier.h), so uneven islands (3+1, 3+2+1) need no root-only path,
+//      (hier.h), so uneven islands (3+1, 3+2+1) need no root-only path:
+//      the direct exchange (every island's partial to every other island)
+//      or the owner exchange (hier_owner.cpp: islands reduce shares sized
+//      by their uplinks, then send the results back), whichever the cost
+//      model prices lower; host-staged when the buffer needs it (stage/),
 //   3. all-gather inside each island.
 //
-// Large buffers are cut into chunks that flow through the three stages on
-// three threads, so the fast intra-island tier works on chunk k+1 while the
-// slow inter-island tier carries chunk k.  Stages use distinct tags, so
-// their messages never match each other's.
+// Large buffers are cut into chunks that flow through the stages on a
+// thread each (the owner exchange's return phase on one more), so the fast
+// intra-island tier works on chunk k+1 while the slow inter-island tier
+// carries chunk k.  Stages use distinct tags, so their messages never match
+// each other's.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
