@@ -21,10 +21,9 @@ and micro-batch count for those cuts.
 """
 from __future__ import annotations
 
-import math
-
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
