@@ -65,8 +65,10 @@ def run_plan(preset: str, plan: str, date: str) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", choices=sorted(PRESETS))
+    p.add_argument("--tag", default="", help="name the records planner-accuracy-TAG-... (a variant of the "
+                                              "simulator measured beside an earlier record of the same day)")
     args = p.parse_args()
-    date = datetime.date.today().isoformat()
+    date = (f"{args.tag}-" if args.tag else "") + datetime.date.today().isoformat()
     table = {}
     for preset in PRESETS:   # presets measured earlier the same day are kept (--only re-measures some)
         path = os.path.join(RESULTS, f"planner-accuracy-{preset}-{date}.json")

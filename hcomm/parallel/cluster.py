@@ -35,6 +35,12 @@ class ClusterView:
     island_reduce_scatter_s: List[AllReduceTime] = field(default_factory=list)
     # point to point (pipeline boundaries): tier -> (alpha seconds, beta bytes/s), "intra" and "inter"
     links: Dict[str, tuple] = field(default_factory=dict)
+    # measured / predicted per collective at calibration.CALIBRATION_BYTES, by "op" (every rank) and
+    # "op@<island>"; the curves above already carry them (empty: the model uncorrected)
+    calibration: Dict[str, List[float]] = field(default_factory=dict)
+    # how much slower the whole group's all-reduces run beside computation than alone (measured; 1: no
+    # measurement): the gradient buckets that overlap backward pay it
+    overlap_slowdown: float = 1.0
 
     def p2p_s(self, a: int, b: int, nbytes: int) -> float:
         """Seconds to send ``nbytes`` from rank a to rank b: the alpha-beta model of the tier joining them
@@ -120,33 +126,65 @@ def sample_compressed(group, compression: str) -> List[float]:
 
 
 def discover(default_group, hcomm_group, island_group, profiles: List, optimizer_s: List[float],
-             compressions: Sequence[str] = ()) -> ClusterView:
+             compressions: Sequence[str] = (), calibrate_s: Optional[float] = None) -> ClusterView:
     """The view of a live job; every rank calls it and gets the same view.
 
     A rank can only ask the comm layer about groups it belongs to, so each
     rank samples its own island's group and the samples are exchanged over
-    ``default_group``.
+    ``default_group``.  With ``calibrate_s`` > 0 (default: ``HCOMM_CALIBRATE_S``) every curve is
+    held to a measurement of the same collective on the same group (``calibration.py``): each
+    island times its own group's, then every rank the whole group's.
     """
     import torch.distributed as dist
 
     import hcomm
+    from hcomm.parallel import calibration
 
+    window = calibration.window_s() if calibrate_s is None else calibrate_s
     topo = hcomm.topology(hcomm_group)
+    ops = calibration.OPS
     zeros = [0.0] * len(SAMPLE_BYTES)
+    ones = [[1.0] * len(calibration.CALIBRATION_BYTES)] * len(ops)
     mine = [sample_allreduce(island_group), sample_sharded(island_group, "all_gather_v"),
             sample_sharded(island_group, "reduce_scatter_v")] if island_group is not None else [zeros] * 3
+    island_ratios = calibration.corrections(island_group, list(zip(ops, map(interpolated, mine))), window) \
+        if island_group is not None and window > 0 else ones
     gathered: List = [None] * dist.get_world_size(default_group)
-    dist.all_gather_object(gathered, mine, group=default_group)
-    island_predictors = [[interpolated(gathered[members[0]][k]) for members in topo.islands] for k in range(3)]
+    dist.all_gather_object(gathered, (mine, island_ratios), group=default_group)
+    island_predictors = [[calibration.corrected(interpolated(gathered[members[0]][0][k]),
+                                                gathered[members[0]][1][k]) for members in topo.islands]
+                         for k in range(3)]
+    whole = [interpolated(sample_allreduce(hcomm_group)), interpolated(sample_sharded(hcomm_group, "all_gather_v")),
+             interpolated(sample_sharded(hcomm_group, "reduce_scatter_v"))]
+    ratios = calibration.corrections(hcomm_group, list(zip(ops, whole)), window) if window > 0 else ones
+    measured: Dict[str, List[float]] = {}
+    links = {tier: (link.alpha, link.beta) for tier, link in topo.links.items()}
+    slowdown = 1.0
+    if window > 0:
+        slowdown = calibration.overlap_slowdown(hcomm_group, window)
+        measured["all_reduce beside compute"] = [slowdown]
+        timed = calibration.p2p_links(topo, hcomm_group, default_group)
+        for tier, fit in timed.items():
+            if tier in links:
+                measured[f"p2p@{tier}"] = calibration.link_ratios(links[tier], fit)
+            links[tier] = fit
+        names = [topo.ranks[m[0]].island for m in topo.islands]
+        measured.update({op: r for op, r in zip(ops, ratios)})
+        if island_group is not None:
+            measured.update({f"{op}@{names[i]}": gathered[m[0]][1][k] for i, m in enumerate(topo.islands)
+                             for k, op in enumerate(ops)})
     return ClusterView(
         devices=[r.device for r in topo.ranks], islands=[list(m) for m in topo.islands],
-        profiles=list(profiles), allreduce_s=interpolated(sample_allreduce(hcomm_group)),
+        profiles=list(profiles), allreduce_s=calibration.corrected(whole[0], ratios[0]),
         island_allreduce_s=island_predictors[0], optimizer_s=list(optimizer_s),
-        gather_s=interpolated(sample_sharded(hcomm_group, "all_gather_v")),
-        reduce_scatter_s=interpolated(sample_sharded(hcomm_group, "reduce_scatter_v")),
+        gather_s=calibration.corrected(whole[1], ratios[1]),
+        reduce_scatter_s=calibration.corrected(whole[2], ratios[2]),
         island_gather_s=island_predictors[1], island_reduce_scatter_s=island_predictors[2],
         baseline_allreduce_s=interpolated(sample_allreduce(hcomm_group, "ring")),
         island_names=[topo.ranks[m[0]].island for m in topo.islands],
-        links={tier: (link.alpha, link.beta) for tier, link in topo.links.items()},
-        compressed_allreduce_s={c: interpolated(sample_compressed(hcomm_group, c))
-                                for c in sorted(set(compressions) - {"", "none"})})
+        links=links,
+        # compression changes the bytes on the weak tier, not the per-call costs: the plain all-reduce's
+        # correction is the best measurement there is for it
+        compressed_allreduce_s={c: calibration.corrected(interpolated(sample_compressed(hcomm_group, c)), ratios[0])
+                                for c in sorted(set(compressions) - {"", "none"})},
+        calibration=measured, overlap_slowdown=slowdown)

@@ -151,7 +151,12 @@ def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, wor
     dist.all_gather_object(opt_s, optimizer_seconds(model, args.lr))
     from hcomm.train.plans import compressions_asked
 
-    return discover(groups.default, groups.hcomm, groups.island, profiles, opt_s, compressions_asked(args))
+    view = discover(groups.default, groups.hcomm, groups.island, profiles, opt_s, compressions_asked(args))
+    if view.calibration:
+        from hcomm.parallel.calibration import describe
+
+        _log(rank, describe(view.calibration))
+    return view
 
 
 def plans_for(args, view, rank: int) -> List:

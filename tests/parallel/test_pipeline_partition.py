@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hcomm.parallel.pipeline import schedule_cost as sc
-from hcomm.parallel.pipeline.partition import (choose_schedule, evaluate, parameter_cuts, parameter_partition,
-                                               partition, uniform_cuts, uniform_partition)
+from hcomm.parallel.pipeline.partition import (evaluate, parameter_cuts, parameter_partition, partition,
+                                               uniform_cuts, uniform_partition)
+from hcomm.parallel.pipeline.schedule_choice import choose_schedule
 from hcomm.parallel.profile import DeviceProfile, LayerCost
 
 MiB = 1 << 20

@@ -60,6 +60,19 @@ def test_data_parallel_by_hand():
     assert sim.fits
 
 
+def test_buckets_beside_backward_pay_the_measured_slowdown_by_hand():
+    """The same 3 + 1 samples in 1 MiB buckets (one per piece, ready as rank 0's backward passes it: 0.84,
+    0.90, 1.50, 2.10, 2.16 s), each all-reduce 0.2 s alone and 3x slower while backward runs (until 2.16 s):
+    0.84-1.44, 1.44-2.04, then 2.04-2.16 does 0.04 s of the third one's work and the rest 0.16 s runs
+    alone (2.32), then 2.52 and 2.72; + optimizer.  Without the slowdown the buckets end at 2.50."""
+    v = view([1.0, 1.0])
+    v.allreduce_s = lambda nbytes: 0.2
+    plan = Plan.from_shares([0.75, 0.25], 4, SEQ, bucket_bytes=MiB)
+    assert simulate(plan, v, dim=DIM).step_s == pytest.approx(2.50 + 0.01)
+    v.overlap_slowdown = 3.0
+    assert simulate(plan, v, dim=DIM).step_s == pytest.approx(2.72 + 0.01)
+
+
 def test_gpipe_two_stages_one_micro_batch_by_hand():
     """Stage 0 = pieces [0, 2) on rank 0, stage 1 = [2, 5) on rank 1, one sample: forward 0.11 then
     send then 0.13, backward 0.26 then send then 0.22; a send is 1e-4 s + 2 KiB / 1e9 (intra link)."""

@@ -104,9 +104,20 @@ def rank_compute(profile, samples: int, micro_batch: int) -> Tuple[float, List[f
     return total, done
 
 
+def beside_compute(t: float, start: float, compute_end: float, slowdown: float) -> float:
+    """Seconds a collective of ``t`` seconds alone takes when it starts at ``start`` and the computation
+    beside it ends at ``compute_end``: ``slowdown`` times slower until then, at full speed after."""
+    if slowdown <= 1.0 or start >= compute_end:
+        return t
+    if start + t * slowdown <= compute_end:
+        return t * slowdown
+    overlapped = compute_end - start
+    return overlapped + (t - overlapped / slowdown)
+
+
 def dp_step(profiles: Sequence, counts: Sequence[int], bucket_bytes: int, allreduce_s: AllReduceTime, *,
             micro_batches: Optional[Sequence[int]] = None, optimizer_s: float = 0.0,
-            outer_every: int = 1, outer_s: float = 0.0) -> StepEstimate:
+            outer_every: int = 1, outer_s: float = 0.0, overlap_slowdown: float = 1.0) -> StepEstimate:
     """Predicted seconds of one data-parallel step (see the module docstring)."""
     if len(profiles) != len(counts):
         raise ValueError(f"{len(profiles)} profiles for {len(counts)} ranks")
@@ -128,14 +139,16 @@ def dp_step(profiles: Sequence, counts: Sequence[int], bucket_bytes: int, allred
     seconds: Dict[int, float] = {}
     end = 0.0
     comm_total = 0.0
+    slowest = max(compute)
     for nbytes, piece in buckets:
         ready = ready_at[piece]
         t = seconds.get(nbytes)
         if t is None:
             t = seconds[nbytes] = allreduce_s(nbytes)
         comm_total += t
-        end = max(ready, end) + t
-    slowest = max(compute)
+        start = max(ready, end)
+        end = start + beside_compute(t, start, slowest, overlap_slowdown)
+
     amortised_outer = outer_s / outer_every if outer_every > 1 else 0.0
     step = max(slowest, end) + optimizer_s + amortised_outer
     return StepEstimate(step, compute, comm_total, max(0.0, end - slowest), optimizer_s, amortised_outer,

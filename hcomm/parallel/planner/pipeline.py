@@ -8,7 +8,7 @@ measured one, scaled to the parameters it holds.
 
 Splits (``split``):
 
-- ``auto``: the exact partition and device order (``partition.choose_schedule``), over the
+- ``auto``: the exact partition and device order (``schedule_choice.choose_schedule``), over the
   schedules and micro-batch counts allowed; with several replicas, the ranks are grouped into
   replicas two ways (every replica the same mix of devices; or like devices together, rows by
   speed) and the faster prediction wins;
@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from hcomm.parallel.pipeline.partition import (MAX_NODES, MAX_ORDER_DEVICES, ScheduleChoice, choose_schedule,
-                                               evaluate, micro_batch_counts, parameter_cuts, uniform_cuts)
+from hcomm.parallel.pipeline.partition import MAX_NODES, MAX_ORDER_DEVICES, evaluate, parameter_cuts, uniform_cuts
+from hcomm.parallel.pipeline.schedule_choice import ScheduleChoice, choose_schedule, micro_batch_counts
 from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, step_time
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
 

@@ -100,7 +100,7 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
         optimizer_s=[max(view.optimizer_s[r] * x for r, x in zip(g, f)) for g, f in zip(groups, fractions)],
         island_names=[view.island_names[k] for k in keep] if view.island_names else [],
         compressed_allreduce_s={c: scaled(f) for c, f in view.compressed_allreduce_s.items()},
-        links=dict(view.links))
+        links=dict(view.links), calibration=dict(view.calibration), overlap_slowdown=view.overlap_slowdown)
 
 
 def _group_profiles(view, groups, fractions, seq_len: int, dim: int) -> List[DeviceProfile]:

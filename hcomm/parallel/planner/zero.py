@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import List, Sequence, Tuple
 
+from hcomm.parallel.planner.cost import beside_compute
+
 
 def _unit_times(view, plan) -> Tuple[List[float], List[float], int]:
     """Slowest rank's (forward, backward) seconds per unit for one round, and rounds per step."""
@@ -86,6 +88,9 @@ def zero_step_s(view, plan) -> Tuple[float, str]:
     units = len(layers)
     ahead = dp.prefetch if stage == 3 else units
     kept = {units - 1} if dp.reshard_after_forward else set(range(units))
+    # collectives issued while the round still computes run slower beside it (the view's measured
+    # slowdown; the round's compute alone is where it ends at the earliest)
+    busy, slowdown = sum(fwd) + sum(bwd), view.overlap_slowdown
     total = 0.0
     for m in range(rounds):
         t, gather_free, reduce_free = 0.0, 0.0, 0.0
@@ -99,7 +104,8 @@ def zero_step_s(view, plan) -> Tuple[float, str]:
         for u in range(units):
             for g in [x for x in gathers if x[1] == "f" and x[0] <= u + ahead and x not in issue_at]:
                 issue_at[g] = t
-                gather_free = max(gather_free, t) + half[g[0]]
+                begin = max(gather_free, t)
+                gather_free = begin + beside_compute(half[g[0]], begin, busy, slowdown)
                 arrive[g] = gather_free
             t = max(t, arrive.get((u, "f"), 0.0))
             starts.append(t)
@@ -107,12 +113,14 @@ def zero_step_s(view, plan) -> Tuple[float, str]:
         for u in reversed(range(units)):
             for g in [x for x in gathers if x[1] == "b" and x[0] >= u - ahead and x not in issue_at]:
                 issue_at[g] = t
-                gather_free = max(gather_free, t) + half[g[0]]
+                begin = max(gather_free, t)
+                gather_free = begin + beside_compute(half[g[0]], begin, busy, slowdown)
                 arrive[g] = gather_free
             t = max(t, arrive.get((u, "b"), 0.0))
             t += bwd[u]
             if stage >= 2 or m == rounds - 1:
-                reduce_free = max(reduce_free, t) + reduce[u]
+                begin = max(reduce_free, t)
+                reduce_free = begin + beside_compute(reduce[u], begin, busy, slowdown)
         total += max(t, reduce_free)
     fractions = [1.0 / plan.world_size if r.shard_fraction is None else r.shard_fraction for r in plan.ranks]
     optimizer = max(o * f for o, f in zip(view.optimizer_s, fractions))

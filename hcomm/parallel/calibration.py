@@ -1,0 +1,259 @@
+"""The comm layer's collective predictions held to a measurement of the same collectives on the live groups.
+
+The planner's view samples the comm layer's alpha-beta model of each group (``cluster.discover``).  A
+collective also costs CPU time per call and per byte (the Python call, the executor's hand-off, copies
+and reductions, polling a peer), which a model of links alone does not hold, and on a rank with a
+fraction of a core (an emulated device, a CPU-bound host) that CPU time *is* the collective's time.
+Measured on ``mixed`` (2026-12-04, means over back-to-back calls): across the 50 MB/s link the model is
+within 8 % of the measurement from 64 KiB to 16 MiB, while inside an island (shared memory, ranks with
+0.45 and 0.22 of a core) a 64 KiB all-reduce took 2.2 / 3.3 ms against 0.05 ms predicted (the CPU time
+per call, 0.7-0.8 ms, divided by the quota), 16 MiB 2.8x / 5.2x the model.
+
+So at discovery every group the plans price runs each collective the planner uses (all_reduce,
+all_gather_v, reduce_scatter_v) at ``CALIBRATION_BYTES``; the ratio measured / predicted at each size is
+a correction the view applies to the model's curve, interpolated in log-bytes between the sizes and
+held at the end values outside.  The model keeps the shape (which algorithm at which size, how time
+grows with bytes); the measurement sets the level.
+
+Why a mean over a window, not a median of a few calls: an emulated rank's CPU quota is enforced per
+10 ms period, so a short call either fits in the period's budget (fast) or waits for the next one (slow):
+a median of three calls landed anywhere between the two (corrections of 8-50x in an earlier attempt).
+Calls back to back for at least ``WINDOW_S`` span many periods, and their mean is what a call adds to a
+training step on that rank.  Every rank of a group runs the same number of calls (agreed first: a
+collective count that differed between ranks would hang) and takes the slowest rank's mean (a
+collective ends for all when the slowest ends), so every rank gets the same view.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+
+from hcomm.settings import declare
+
+AllReduceTime = Callable[[int], float]
+OPS = ("all_reduce", "all_gather_v", "reduce_scatter_v")
+# total bytes of the buffer each collective is timed on: per-call costs dominate the first, bandwidth the last
+CALIBRATION_BYTES = (64 << 10, 1 << 20, 8 << 20)
+MIN_CALLS = 3
+MAX_CALLS = 200
+# A correction outside this range says the measurement went wrong (a stall of seconds), not the model.
+BOUNDS = (0.1, 500.0)
+
+HCOMM_CALIBRATE_S = declare(
+    "HCOMM_CALIBRATE_S", 0.1,
+    "seconds of back-to-back calls per collective and size when hcomm train holds the comm model's "
+    "predictions to measurement on its groups (0: no calibration, the model as it is)", float)
+
+
+def window_s() -> float:
+    value = HCOMM_CALIBRATE_S.get()
+    if value < 0:
+        raise ValueError(f"HCOMM_CALIBRATE_S must be >= 0 seconds, got {value}")
+    return value
+
+
+def _call(op: str, group, nbytes: int) -> Callable[[], None]:
+    import torch.distributed as dist
+
+    import hcomm
+
+    if op not in OPS:
+        raise ValueError(f"no calibration for collective {op!r}; known: {', '.join(OPS)}")
+    n = dist.get_world_size(group)
+    share = max(1, nbytes // 4 // n)
+    if op == "all_reduce":
+        t = torch.ones(share * n)
+        return lambda: hcomm.all_reduce(t, group=group)
+    if op == "all_gather_v":
+        out, mine = torch.empty(share * n), torch.ones(share)
+        return lambda: hcomm.all_gather_v(out, mine, [share] * n, group=group)
+    whole, mine = torch.ones(share * n), torch.empty(share)
+    return lambda: hcomm.reduce_scatter_v(mine, whole, [share] * n, group=group)
+
+
+def _slowest(value: float, group) -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+def measure(op: str, group, nbytes: int, window: float) -> float:
+    """Mean seconds per call of ``op`` on ``group`` over a ``nbytes`` buffer, calls back to back for about
+    ``window`` seconds, the slowest rank's mean (every rank returns the same)."""
+    call = _call(op, group, nbytes)
+    start = time.perf_counter()
+    call()   # warm-up (connections, scratch buffers), and a first estimate of the call's length
+    first = _slowest(time.perf_counter() - start, group)
+    calls = max(MIN_CALLS, min(MAX_CALLS, int(window / max(first, 1e-6))))
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return _slowest((time.perf_counter() - start) / calls, group)
+
+
+def corrections(group, curves: Sequence[Tuple[str, AllReduceTime]], window: float) -> List[List[float]]:
+    """Per (op, model curve): measured / predicted at each of ``CALIBRATION_BYTES``, within ``BOUNDS``."""
+    out = []
+    for op, curve in curves:
+        ratios = []
+        for nbytes in CALIBRATION_BYTES:
+            ratio = measure(op, group, nbytes, window) / max(curve(nbytes), 1e-9)
+            ratios.append(min(max(ratio, BOUNDS[0]), BOUNDS[1]))
+        out.append(ratios)
+    return out
+
+
+def corrected(curve: AllReduceTime, ratios: Sequence[float]) -> AllReduceTime:
+    """``curve`` times the measured correction, interpolated in log-bytes between ``CALIBRATION_BYTES``
+    (held at the end values outside them)."""
+    if all(r == 1.0 for r in ratios):
+        return curve
+    logs = [math.log(n) for n in CALIBRATION_BYTES]
+    logr = [math.log(r) for r in ratios]
+
+    def predict(nbytes: int) -> float:
+        x = math.log(max(nbytes, 1))
+        if x <= logs[0]:
+            factor = logr[0]
+        elif x >= logs[-1]:
+            factor = logr[-1]
+        else:
+            i = bisect.bisect_right(logs, x) - 1
+            w = (x - logs[i]) / (logs[i + 1] - logs[i])
+            factor = logr[i] + w * (logr[i + 1] - logr[i])
+        return curve(nbytes) * math.exp(factor)
+
+    return predict
+
+
+def _sizes(sizes: Sequence[int]) -> str:
+    return "/".join(f"{n >> 10} KiB" if n < (1 << 20) else f"{n >> 20} MiB" for n in sizes)
+
+
+def describe(factors: Dict[str, Sequence[float]]) -> str:
+    """One line: each calibrated curve's measured / predicted ratios at ``CALIBRATION_BYTES`` (point to
+    point links at ``P2P_BYTES``)."""
+    return f"collectives measured / predicted at {_sizes(CALIBRATION_BYTES)}: " + "; ".join(
+        f"{name} " + "/".join(f"{r:.2f}" for r in ratios) + (f" (at {_sizes(P2P_BYTES)})" if name.startswith("p2p@")
+                                                            else "")
+        for name, ratios in factors.items())
+
+
+# --- point to point (pipeline boundaries) ------------------------------------------------------------
+
+P2P_BYTES = (64 << 10, 1 << 20)
+P2P_ROUND_TRIPS = (16, 8)
+
+
+def _one_way_s(group, me: int, peer: int, nbytes: int, round_trips: int) -> float:
+    """Mean one-way seconds of ``nbytes`` between this rank and ``peer`` (global ranks, both in ``group``),
+    sent and received through the group as a pipeline stage does; the lower rank leads."""
+    import torch.distributed as dist
+
+    buf = torch.ones(max(1, nbytes // 4))
+    lead = me < peer
+
+    def trip():
+        if lead:
+            dist.send(buf, peer, group=group)
+            dist.recv(buf, peer, group=group)
+        else:
+            dist.recv(buf, peer, group=group)
+            dist.send(buf, peer, group=group)
+
+    trip()   # warm-up: the pair's connection
+    start = time.perf_counter()
+    for _ in range(round_trips):
+        trip()
+    return (time.perf_counter() - start) / (2 * round_trips)
+
+
+def _fit(times: Sequence[float]) -> Tuple[float, float]:
+    """(alpha, beta) through the two sizes' one-way times: the line the link model is."""
+    (n1, n2), (t1, t2) = P2P_BYTES, times
+    beta = (n2 - n1) / (t2 - t1) if t2 > t1 else float("inf")
+    return max(0.0, t1 - n1 / beta), beta
+
+
+def p2p_links(topo, group, default_group) -> Dict[str, Tuple[float, float]]:
+    """Measured (alpha, beta) of the "intra" tier (ranks 0 and 1 of every island at once; the slowest
+    island's) and the "inter" tier (island 0's first rank with each other island's, in turn; the
+    slowest pair's), every rank getting the same.  Pairs as the comm layer's link probe takes them
+    (``hcomm.profiling.measure``), but timed through ``send``/``recv`` on the group with everything a
+    pipeline's transfer costs on top of the wire."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    n = len(topo.islands)
+    slots = torch.zeros(4 * n, dtype=torch.float64)   # per island: intra (alpha, beta); inter (alpha, beta)
+
+    def probe(peer: int, slot: int, record: bool):
+        alpha, beta = _fit([_one_way_s(group, rank, peer, b, k) for b, k in zip(P2P_BYTES, P2P_ROUND_TRIPS)])
+        if record:
+            slots[slot], slots[slot + 1] = alpha, min(beta, 1e15)
+
+    for i, members in enumerate(topo.islands):
+        if len(members) >= 2 and rank in members[:2]:
+            probe(members[1] if rank == members[0] else members[0], 2 * i, rank == members[0])
+    leader = topo.islands[0][0]
+    for j in range(1, n):
+        other = topo.islands[j][0]
+        if rank in (leader, other):
+            probe(other if rank == leader else leader, 2 * n + 2 * j, rank == leader)
+    dist.all_reduce(slots, group=default_group)
+    links: Dict[str, Tuple[float, float]] = {}
+    intra = [(slots[2 * i].item(), slots[2 * i + 1].item()) for i in range(n) if slots[2 * i + 1] > 0]
+    inter = [(slots[2 * n + 2 * j].item(), slots[2 * n + 2 * j + 1].item()) for j in range(1, n)]
+    if intra:
+        links["intra"] = (max(a for a, _ in intra), min(b for _, b in intra))
+    if inter:
+        links["inter"] = (max(a for a, _ in inter), min(b for _, b in inter))
+    return links
+
+
+def link_ratios(model: Tuple[float, float], measured: Tuple[float, float]) -> List[float]:
+    """measured / model one-way time at each of ``P2P_BYTES`` (for the record)."""
+    return [(measured[0] + n / measured[1]) / (model[0] + n / model[1]) for n in P2P_BYTES]
+
+
+# --- communication beside computation ----------------------------------------------------------------
+
+OVERLAP_BYTES = 1 << 20
+OVERLAP_BOUNDS = (1.0, 10.0)
+
+
+def overlap_slowdown(group, window: float) -> float:
+    """How much slower the group's all-reduces run while every rank computes beside them: mean seconds per
+    call issued asynchronously with a matmul loop running until they finish, over the same calls with
+    nothing else running (the slowest rank's, every rank gets the same).
+
+    Gradient buckets are reduced while backward still runs.  Where the communication needs the CPU the
+    computation saturates (an emulated rank's fraction of a core, a host-staged transfer on a busy
+    host), it runs slower then than alone; where computation runs elsewhere (a GPU) the ratio is ~1."""
+    import torch.distributed as dist
+
+    tensors = [torch.ones(OVERLAP_BYTES // 4) for _ in range(2)]
+    dist.all_reduce(tensors[0], group=group)   # warm-up
+    start = time.perf_counter()
+    dist.all_reduce(tensors[0], group=group)
+    alone = _slowest(time.perf_counter() - start, group)
+    calls = max(MIN_CALLS, min(MAX_CALLS, int(2 * window / max(alone, 1e-6))))
+    start = time.perf_counter()
+    for k in range(calls):
+        dist.all_reduce(tensors[k % 2], group=group)
+    alone = _slowest((time.perf_counter() - start) / calls, group)
+    x = torch.randn(96, 96)
+    start = time.perf_counter()
+    works = [dist.all_reduce(tensors[k % 2], group=group, async_op=True) for k in range(calls)]
+    while not all(w.is_completed() for w in works):
+        x = torch.tanh(x @ x)   # the computation a backward would be doing
+    for w in works:
+        w.wait()
+    beside = _slowest((time.perf_counter() - start) / calls, group)
+    return min(max(beside / max(alone, 1e-9), OVERLAP_BOUNDS[0]), OVERLAP_BOUNDS[1])

@@ -1,0 +1,96 @@
+"""The comm model held to measurement (hcomm/parallel/calibration.py): the correction's arithmetic, the
+setting's bad input, and a live discovery on 4 processes in two islands."""
+import math
+
+import pytest
+
+from hcomm.parallel import calibration
+from hcomm.parallel.calibration import CALIBRATION_BYTES, corrected
+from tests.parallel import calibration_cases
+
+
+def linear(nbytes):
+    return 1e-3 + nbytes / 1e9
+
+
+def test_correction_is_exact_at_the_calibration_sizes():
+    fixed = corrected(linear, [40.0, 10.0, 2.5])
+    for n, r in zip(CALIBRATION_BYTES, [40.0, 10.0, 2.5]):
+        assert fixed(n) == pytest.approx(linear(n) * r, rel=1e-12)
+
+
+def test_correction_interpolates_in_log_bytes_and_holds_at_the_ends():
+    small, mid, large = CALIBRATION_BYTES
+    fixed = corrected(linear, [40.0, 10.0, 2.5])
+    between = int(math.sqrt(small * mid))   # halfway in log-bytes: the geometric mean of the two ratios
+    assert fixed(between) == pytest.approx(linear(between) * math.sqrt(40.0 * 10.0), rel=1e-9)
+    assert fixed(1024) == pytest.approx(linear(1024) * 40.0, rel=1e-12)
+    assert fixed(1 << 30) == pytest.approx(linear(1 << 30) * 2.5, rel=1e-12)
+    assert fixed(0) == pytest.approx(linear(0) * 40.0, rel=1e-12)
+
+
+def test_no_correction_returns_the_model_itself():
+    assert corrected(linear, [1.0, 1.0, 1.0]) is linear
+
+
+def test_describe_names_every_curve_and_size():
+    text = calibration.describe({"all_reduce": [2.0, 1.5, 1.0], "all_reduce@a100": [41.2, 9.55, 2.78],
+                                 "p2p@intra": [12.5, 3.0]})
+    assert text == ("collectives measured / predicted at 64 KiB/1 MiB/8 MiB: all_reduce 2.00/1.50/1.00; "
+                    "all_reduce@a100 41.20/9.55/2.78; p2p@intra 12.50/3.00 (at 64 KiB/1 MiB)")
+
+
+def test_link_fit_goes_through_both_sizes():
+    n1, n2 = calibration.P2P_BYTES
+    alpha, beta = 2e-3, 1e8
+    got = calibration._fit([alpha + n1 / beta, alpha + n2 / beta])
+    assert got == (pytest.approx(alpha, rel=1e-9), pytest.approx(beta, rel=1e-9))
+    # a larger message measured no slower: latency only, infinite bandwidth
+    assert calibration._fit([3e-3, 2e-3]) == (3e-3, float("inf"))
+    assert calibration.link_ratios((1e-3, 1e9), (2e-3, 1e9)) == [
+        pytest.approx((2e-3 + n / 1e9) / (1e-3 + n / 1e9)) for n in calibration.P2P_BYTES]
+
+
+def test_a_collective_beside_computation_by_hand():
+    from hcomm.parallel.planner.cost import beside_compute
+
+    assert beside_compute(1.0, 0.0, 10.0, 1.0) == 1.0          # no slowdown measured
+    assert beside_compute(1.0, 10.0, 10.0, 3.0) == 1.0         # starts after the computation
+    assert beside_compute(1.0, 0.0, 10.0, 3.0) == 3.0          # all of it beside the computation
+    # 1.5 s beside it do 0.5 s of the work, the other 0.5 s runs alone
+    assert beside_compute(1.0, 0.0, 1.5, 3.0) == pytest.approx(2.0)
+
+
+def test_negative_window_is_refused(monkeypatch):
+    monkeypatch.setenv("HCOMM_CALIBRATE_S", "-1")
+    with pytest.raises(ValueError, match="HCOMM_CALIBRATE_S must be >= 0 seconds, got -1"):
+        calibration.window_s()
+
+
+def test_unknown_collective_is_refused():
+    with pytest.raises(ValueError, match="no calibration for collective 'broadcast'"):
+        calibration._call("broadcast", None, 1024)
+
+
+def test_live_discovery_gives_every_rank_one_calibrated_view(pool4):
+    out = pool4.run(calibration_cases.case_discover, ["a", "a", "b", "b"], 0.02)
+    ratios, values, plain, plain_values = out[0]
+    for other in out[1:]:   # the same view everywhere: the slowest rank's mean is agreed by all
+        assert other[0] == ratios
+    names = {f"{op}{suffix}" for op in calibration.OPS for suffix in ("", "@a", "@b")}
+    assert set(ratios) == names | {"p2p@intra", "p2p@inter", "all_reduce beside compute"}
+    for name, rs in ratios.items():
+        sizes = calibration.P2P_BYTES if name.startswith("p2p@") else CALIBRATION_BYTES
+        assert len(rs) == (1 if name == "all_reduce beside compute" else len(sizes)), name
+        assert all(r > 0 for r in rs), (name, rs)
+        if name == "all_reduce beside compute":
+            assert calibration.OVERLAP_BOUNDS[0] <= rs[0] <= calibration.OVERLAP_BOUNDS[1]
+        elif not name.startswith("p2p@"):
+            assert all(calibration.BOUNDS[0] <= r <= calibration.BOUNDS[1] for r in rs), (name, rs)
+    # the view's curves are the model's times the measured ratio at each size
+    for op, pairs in values.items():
+        for (got, model), r in zip(pairs, ratios[op]):
+            assert got == pytest.approx(model * r, rel=1e-9), op
+    # with the window at 0 nothing is measured and the curves are the model's
+    assert plain == {}
+    assert [v for v in plain_values] == [m for _, m in values["all_reduce"]]
