@@ -238,16 +238,9 @@ def overlap_slowdown(group, window: float) -> float:
     host), it runs slower then than alone; where computation runs elsewhere (a GPU) the ratio is ~1."""
     import torch.distributed as dist
 
+    alone = measure("all_reduce", group, OVERLAP_BYTES, 2 * window)
+    calls = max(MIN_CALLS, min(MAX_CALLS, int(2 * window / max(alone, 1e-6))))   # the same count on every rank
     tensors = [torch.ones(OVERLAP_BYTES // 4) for _ in range(2)]
-    dist.all_reduce(tensors[0], group=group)   # warm-up
-    start = time.perf_counter()
-    dist.all_reduce(tensors[0], group=group)
-    alone = _slowest(time.perf_counter() - start, group)
-    calls = max(MIN_CALLS, min(MAX_CALLS, int(2 * window / max(alone, 1e-6))))
-    start = time.perf_counter()
-    for k in range(calls):
-        dist.all_reduce(tensors[k % 2], group=group)
-    alone = _slowest((time.perf_counter() - start) / calls, group)
     x = torch.randn(96, 96)
     start = time.perf_counter()
     works = [dist.all_reduce(tensors[k % 2], group=group, async_op=True) for k in range(calls)]

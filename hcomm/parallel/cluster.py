@@ -142,6 +142,7 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
 
     window = calibration.window_s() if calibrate_s is None else calibrate_s
     topo = hcomm.topology(hcomm_group)
+    names = [topo.ranks[m[0]].island for m in topo.islands]
     ops = calibration.OPS
     zeros = [0.0] * len(SAMPLE_BYTES)
     ones = [[1.0] * len(calibration.CALIBRATION_BYTES)] * len(ops)
@@ -168,7 +169,6 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
             if tier in links:
                 measured[f"p2p@{tier}"] = calibration.link_ratios(links[tier], fit)
             links[tier] = fit
-        names = [topo.ranks[m[0]].island for m in topo.islands]
         measured.update({op: r for op, r in zip(ops, ratios)})
         if island_group is not None:
             measured.update({f"{op}@{names[i]}": gathered[m[0]][1][k] for i, m in enumerate(topo.islands)
@@ -181,7 +181,7 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
         reduce_scatter_s=calibration.corrected(whole[2], ratios[2]),
         island_gather_s=island_predictors[1], island_reduce_scatter_s=island_predictors[2],
         baseline_allreduce_s=interpolated(sample_allreduce(hcomm_group, "ring")),
-        island_names=[topo.ranks[m[0]].island for m in topo.islands],
+        island_names=names,
         links=links,
         # compression changes the bytes on the weak tier, not the per-call costs: the plain all-reduce's
         # correction is the best measurement there is for it
