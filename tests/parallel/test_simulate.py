@@ -101,6 +101,30 @@ def test_tensor_pair_by_hand():
     assert sim.memory_bytes == [int(20 * MiB * 2 / 3) + 15 * MiB, int(20 * MiB / 3) + 15 * MiB]
 
 
+def test_side_by_side_syncs_share_the_uplink_by_hand():
+    """Two islands {0, 1} and {2, 3}.  Groups that span them push their bytes through the same uplinks at
+    once: two of 3 and 5 MiB each pay the whole group's curve at 8 MiB; groups inside an island pay their
+    own island's curve at their own bytes; the step waits for the slowest."""
+    from hcomm.parallel.planner.cost import side_by_side_allreduce_s
+
+    v = view([1.0] * 4, islands=[[0, 1], [2, 3]])
+    v.island_allreduce_s = [lambda n: n / 1e9, lambda n: 2 * n / 1e9]
+    across = side_by_side_allreduce_s(v, [([0, 2], 3 * MiB), ([1, 3], 5 * MiB)])
+    assert across == pytest.approx(allreduce(8 * MiB))
+    inside = side_by_side_allreduce_s(v, [([0, 1], 3 * MiB), ([2, 3], 5 * MiB)])
+    assert inside == pytest.approx(2 * 5 * MiB / 1e9)
+    # a TP pair per island, 2 groups: each position's ranks span the islands; fractions 0.75 / 0.25 of
+    # the 5 MiB gradient cross together, 5 MiB in all
+    ranks = [RankPlan(0, 0.5, tp_group=0, tp_fraction=0.75), RankPlan(1, 0.0, tp_group=0, tp_fraction=0.25),
+             RankPlan(2, 0.5, tp_group=1, tp_fraction=0.75), RankPlan(3, 0.0, tp_group=1, tp_fraction=0.25)]
+    plan = Plan(2, SEQ, ranks, [GroupPlan("dp", [0, 1, 2, 3]), GroupPlan("tp:0", [0, 1]),
+                                GroupPlan("tp:1", [2, 3])]).validate()
+    sim = simulate(plan, v, dim=DIM)
+    tp_calls = (4 * 2 + 2)
+    assert sim.step_s == pytest.approx(0.75 * 0.72 + tp_calls * 1 * SEQ * DIM * 4 * 2 / 1e9 + allreduce(5 * MiB)
+                                       + 0.01 * 0.75)
+
+
 def test_a_plan_that_does_not_fit_says_which_ranks():
     v = view([1.0, 1.0])
     v.profiles[1] = profile(1, budget=30 * MiB - 1)   # needs 20 MiB of state + 2 samples x 5 MiB

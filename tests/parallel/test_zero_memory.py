@@ -84,6 +84,10 @@ def test_zero_pins():
 
 
 def test_auto_layout_takes_islands_when_the_link_between_them_is_weak():
+    """ZeRO-3 without prefetch (every gather exposed).  The island layout keeps the gathers inside the
+    islands but all-reduces every position's shard across them (the whole unit crosses, twice the flat
+    reduce-scatter's half), so it wins only where the gathers it saves are exposed; with gathers hidden
+    behind compute the flat layout is right even on a weak link (checked too)."""
     from hcomm.parallel.cluster import ClusterView
 
     slow, fast = (lambda n: 0.001 + n / 1e7), (lambda n: 0.0001 + n / 1e9)
@@ -95,9 +99,12 @@ def test_auto_layout_takes_islands_when_the_link_between_them_is_weak():
 
     for link, want in ((slow, "island"), (fast, "flat")):
         plan = Plan.from_shares([0.25] * 4, 8, 16, name="auto")
-        apply_zero(plan, make(link), 3, "auto")
+        apply_zero(plan, make(link), 3, "auto", prefetch=0)
         assert plan.dp_group().zero_layout == want
         assert any(n.startswith("beat ZeRO layout") for n in plan.notes)
         if want == "island":   # positions aligned across islands, summing to 1 inside each
             f = [r.shard_fraction for r in plan.ranks]
             assert f[0] == f[2] and f[1] == f[3] and f[0] + f[1] == pytest.approx(1.0)
+    hidden = Plan.from_shares([0.25] * 4, 8, 16, name="auto")
+    apply_zero(hidden, make(slow), 1, "auto")   # ZeRO-1 gathers once, ahead of the forward
+    assert hidden.dp_group().zero_layout == "flat"

@@ -115,6 +115,36 @@ def beside_compute(t: float, start: float, compute_end: float, slowdown: float) 
     return overlapped + (t - overlapped / slowdown)
 
 
+def side_by_side_allreduce_s(view, jobs: Sequence[Tuple[Sequence[int], int]],
+                             spanning: Optional[AllReduceTime] = None) -> float:
+    """Seconds until the last of several all-reduces issued at the same time finishes; ``jobs``: (ranks,
+    bytes) per group (the replicas of each pipeline stage, the ranks at each TP position).
+
+    A group inside one island takes its island's curve (the groups hold different ranks, which move
+    their bytes at once).  Groups that span islands share the islands' uplinks: each is charged the
+    whole group's curve at the bytes that all spanning groups together push through the busiest uplink
+    it uses (measured on ``two-islands``, pp=2: two stage groups across the one link took 0.91 s, one
+    of them alone is predicted at 0.49 s).  ``spanning``: the whole group's curve to charge (default
+    ``view.allreduce_s``; the compressed one where the weak tier compresses).
+    """
+    crossing = [(ranks, nbytes, {view.island_of(r) for r in ranks}) for ranks, nbytes in jobs]
+    load: Dict[int, int] = {}
+    for _, nbytes, islands in crossing:
+        if len(islands) > 1:
+            for i in islands:
+                load[i] = load.get(i, 0) + nbytes
+    worst = 0.0
+    for _, nbytes, islands in crossing:
+        if not nbytes:
+            continue
+        if len(islands) == 1:
+            t = view.island_allreduce_s[next(iter(islands))](nbytes)
+        else:
+            t = (spanning or view.allreduce_s)(max(load[i] for i in islands))
+        worst = max(worst, t)
+    return worst
+
+
 def dp_step(profiles: Sequence, counts: Sequence[int], bucket_bytes: int, allreduce_s: AllReduceTime, *,
             micro_batches: Optional[Sequence[int]] = None, optimizer_s: float = 0.0,
             outer_every: int = 1, outer_s: float = 0.0, overlap_slowdown: float = 1.0) -> StepEstimate:

@@ -31,6 +31,7 @@ from hcomm.parallel.pipeline.partition import MAX_NODES, MAX_ORDER_DEVICES, eval
 from hcomm.parallel.pipeline.schedule_choice import ScheduleChoice, choose_schedule, micro_batch_counts
 from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, step_time
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
+from hcomm.parallel.planner.cost import side_by_side_allreduce_s
 
 SPLITS = ("auto", "uniform", "parameters")
 MAX_MICRO_BATCHES = 16
@@ -341,14 +342,15 @@ def _order_of(part, ranks, view) -> List[int]:
 
 
 def _stage_sync_s(view, replicas) -> float:
-    """All-reduce of each stage's gradients across the replicas, slowest position (counted fully exposed:
-    the buckets launch during each stage's last backward, but the slowest replica's end bounds them)."""
+    """All-reduce of each stage position's gradients across the replicas, every position at once
+    (``cost.side_by_side_allreduce_s``; counted fully exposed: the buckets launch during each stage's
+    last backward, but the slowest replica's end bounds them)."""
     first = next(r.part for r in replicas if r.part is not None)
     grads: Dict[int, int] = {}
     for st in first.stages:
         pos = st.stage % len(first.busy_s)
         grads[pos] = grads.get(pos, 0) + sum(c.grad_bytes for c in view.profiles[st.rank].layers[st.first:st.last])
-    return max(view.allreduce_s(b) for b in grads.values())
+    return side_by_side_allreduce_s(view, [([rep.order[pos] for rep in replicas], b) for pos, b in grads.items()])
 
 
 def _optimizer_s(view, replicas) -> float:

@@ -88,6 +88,9 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
     def scaled(cost):   # replicas of a stage sync each (stage, position) shard in parallel: the largest
         return None if cost is None else (lambda nbytes: cost(int(nbytes * largest)))
 
+    # ... inside an island each shard moves on its own ranks (the largest sets the time); across islands
+    # the shards of every position share the uplinks, so together they cost the whole stage's bytes
+
     island_of = [view.island_of(g[0]) for g in groups]
     islands = [[i for i, isl in enumerate(island_of) if isl == k] for k in range(len(view.islands))]
     keep = [k for k, members in enumerate(islands) if members]
@@ -95,11 +98,11 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
         devices=["+".join(view.devices[r] for r in g) for g in groups],
         islands=[islands[k] for k in keep],
         profiles=_group_profiles(view, groups, fractions, seq_len, dim),
-        allreduce_s=scaled(view.allreduce_s),
+        allreduce_s=view.allreduce_s,
         island_allreduce_s=[scaled(view.island_allreduce_s[k]) for k in keep],
         optimizer_s=[max(view.optimizer_s[r] * x for r, x in zip(g, f)) for g, f in zip(groups, fractions)],
         island_names=[view.island_names[k] for k in keep] if view.island_names else [],
-        compressed_allreduce_s={c: scaled(f) for c, f in view.compressed_allreduce_s.items()},
+        compressed_allreduce_s=dict(view.compressed_allreduce_s),
         links=dict(view.links), calibration=dict(view.calibration), overlap_slowdown=view.overlap_slowdown)
 
 

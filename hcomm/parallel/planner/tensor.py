@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
+from hcomm.parallel.planner.cost import side_by_side_allreduce_s
 from hcomm.parallel.planner.pipeline import model_seconds, rank_speed
 
 SPLITS = ("auto", "uniform")
@@ -96,8 +97,8 @@ def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_l
 
 def tensor_step_s(view, plan, dim: int, n_layers: int) -> Tuple[float, str]:
     """Predicted seconds per step of a plan of TP groups (no pipelines), and its account: the slowest
-    group's compute and TP all-reduces, the gradient all-reduce across groups (the largest shard; each
-    position's ranks reduce theirs side by side) and the optimizer on the largest shard."""
+    group's compute and TP all-reduces, the gradient all-reduce across groups (each position's ranks reduce
+    their shard side by side: ``cost.side_by_side_allreduce_s``) and the optimizer on the largest shard."""
     groups = [g.ranks for g in plan.tensor_groups()]
     fr = [plan.ranks[r].tp_fraction for r in groups[0]]
     counts = plan.batch_counts()
@@ -105,7 +106,8 @@ def tensor_step_s(view, plan, dim: int, n_layers: int) -> Tuple[float, str]:
     compute = max(p[1] for p in parts)
     comm = max(p[2] for p in parts)
     grads = sum(c.grad_bytes for c in view.profiles[0].layers)
-    sync = view.allreduce_s(int(grads * max(fr))) if len(groups) > 1 else 0.0
+    sync = side_by_side_allreduce_s(view, [([g[p] for g in groups], int(grads * f)) for p, f in enumerate(fr)]) \
+        if len(groups) > 1 else 0.0
     opt = max(view.optimizer_s[r] * plan.ranks[r].tp_fraction for g in groups for r in g)
     step = compute + comm + sync + opt
     return step, (f"{step * 1e3:.0f} ms = compute {compute * 1e3:.0f} + TP all-reduces {comm * 1e3:.0f} + "

@@ -5,7 +5,7 @@ rank (its profile; the pieces are ZeRO's units) and the comm layer's own
 predictions of ``all_gather_v`` and ``reduce_scatter_v`` over the shard
 group (sampled by ``cluster.discover``; half an all-reduce each where a view
 has none), plus, for the island layout, the all-reduce of each shard across
-islands.
+islands (every position at once, sharing the uplinks).
 
 One round (micro-batch) is simulated on two streams, as the engine runs it:
 the gather stream issues unit j's gather ``prefetch`` units ahead of its
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import List, Sequence, Tuple
 
-from hcomm.parallel.planner.cost import beside_compute
+from hcomm.parallel.planner.cost import beside_compute, side_by_side_allreduce_s
 
 
 def _unit_times(view, plan) -> Tuple[List[float], List[float], int]:
@@ -54,9 +54,13 @@ def _collective_times(view, dp):
     size = max(len(m) for m in view.islands)
     inner_g = view.island_gather_s or [lambda b, f=f: 0.5 * f(b) for f in view.island_allreduce_s]
     inner_r = view.island_reduce_scatter_s or [lambda b, f=f: 0.5 * f(b) for f in view.island_allreduce_s]
-    across = view.allreduce(dp.compression)   # each shard, with the same shard of the other islands
+    # each shard with the same shard of the other islands: the positions all-reduce side by side, through
+    # the same uplinks
+    positions = [[m[j] for m in view.islands] for j in range(size)]
+    across = view.allreduce(dp.compression)
     return (lambda b: max(f(b) for f in inner_g),
-            lambda b: max(f(b) for f in inner_r) + across(b // size))
+            lambda b: max(f(b) for f in inner_r) + side_by_side_allreduce_s(view, [(p, b // size) for p in positions],
+                                                                              across))
 
 
 def choose_layout(view, plan) -> Tuple[str, List[str]]:
