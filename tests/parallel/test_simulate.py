@@ -73,10 +73,14 @@ def test_buckets_beside_backward_pay_the_measured_slowdown_by_hand():
     assert simulate(plan, v, dim=DIM).step_s == pytest.approx(2.72 + 0.01)
 
 
-def test_gpipe_two_stages_one_micro_batch_by_hand():
+@pytest.mark.parametrize("slowdown", [1.0, 2.5])
+def test_gpipe_two_stages_one_micro_batch_by_hand(slowdown):
     """Stage 0 = pieces [0, 2) on rank 0, stage 1 = [2, 5) on rank 1, one sample: forward 0.11 then
-    send then 0.13, backward 0.26 then send then 0.22; a send is 1e-4 s + 2 KiB / 1e9 (intra link)."""
+    send then 0.13, backward 0.26 then send then 0.22; a send is 1e-4 s + 2 KiB / 1e9 (intra link).
+    Each of the four actions also spends the host time of the one message it sends or receives: the
+    intra link's time for it, times the slowdown beside computation."""
     v = view([1.0, 1.0])
+    v.overlap_slowdown = slowdown
     ranks = [RankPlan(0, 1.0, stage=0, layers=(0, 2)), RankPlan(1, 0.0, stage=1, layers=(2, 5))]
     groups = [GroupPlan("dp", [0, 1]), GroupPlan("pp:0", [0, 1], micro_batches=1, schedule="gpipe", cuts=[0, 2, 5])]
     plan = Plan(1, SEQ, ranks, groups).validate()
@@ -84,7 +88,8 @@ def test_gpipe_two_stages_one_micro_batch_by_hand():
     send = 1e-4 + boundary_bytes(DIM, SEQ) / 1e9
     f0, f1, b0, b1 = 0.33 / 3, 0.39 / 3, 0.66 / 3, 0.78 / 3
     # one replica: no stage sync; the optimizer on the largest stage's share of the parameters (3/5)
-    assert sim.step_s == pytest.approx(f0 + send + f1 + b1 + send + b0 + 0.01 * 3 / 5)
+    host = send * slowdown
+    assert sim.step_s == pytest.approx(f0 + send + f1 + b1 + send + b0 + 4 * host + 0.01 * 3 / 5)
     assert sim.kind == "pipeline"
     assert sim.memory_bytes[0] == 2 * 4 * MiB + 2 * MiB and sim.memory_bytes[1] == 3 * 4 * MiB + 3 * MiB
 
@@ -103,16 +108,24 @@ def test_tensor_pair_by_hand():
 
 def test_side_by_side_syncs_share_the_uplink_by_hand():
     """Two islands {0, 1} and {2, 3}.  Groups that span them push their bytes through the same uplinks at
-    once: two of 3 and 5 MiB each pay the whole group's curve at 8 MiB; groups inside an island pay their
-    own island's curve at their own bytes; the step waits for the slowest."""
-    from hcomm.parallel.planner.cost import side_by_side_allreduce_s
+    once: two of 3 and 5 MiB each pay a ring on the links (a group of some ranks of several islands) at
+    the 8 MiB crossing together; a group of every rank pays the whole group's curve; groups inside an
+    island pay their own island's curve at their own bytes; the step waits for the slowest."""
+    from hcomm.parallel.planner.cost import group_allreduce_s, side_by_side_allreduce_s
 
     v = view([1.0] * 4, islands=[[0, 1], [2, 3]])
     v.island_allreduce_s = [lambda n: n / 1e9, lambda n: 2 * n / 1e9]
     across = side_by_side_allreduce_s(v, [([0, 2], 3 * MiB), ([1, 3], 5 * MiB)])
-    assert across == pytest.approx(allreduce(8 * MiB))
+    assert across == pytest.approx(2 * (1e-3 + 4 * MiB / 1e8))   # a ring of 2 on the inter link, 8 MiB
     inside = side_by_side_allreduce_s(v, [([0, 1], 3 * MiB), ([2, 3], 5 * MiB)])
     assert inside == pytest.approx(2 * 5 * MiB / 1e9)
+    # groups of some ranks of both islands: a ring on the inter link (1e-3 s + bytes / 1e8), 2 steps of
+    # half the bytes that cross together
+    v6 = view([1.0] * 6, islands=[[0, 1, 2], [3, 4, 5]])
+    pairs = side_by_side_allreduce_s(v6, [([0, 3], 3 * MiB), ([1, 4], 5 * MiB), ([2, 5], 0)])
+    assert pairs == pytest.approx(2 * (1e-3 + 4 * MiB / 1e8))
+    assert group_allreduce_s(v6, [0, 1, 3], 3 * MiB) == pytest.approx(4 * (1e-3 + MiB / 1e8))
+    assert group_allreduce_s(v6, list(range(6)), 3 * MiB) == pytest.approx(allreduce(3 * MiB))
     # a TP pair per island, 2 groups: each position's ranks span the islands; fractions 0.75 / 0.25 of
     # the 5 MiB gradient cross together, 5 MiB in all
     ranks = [RankPlan(0, 0.5, tp_group=0, tp_fraction=0.75), RankPlan(1, 0.0, tp_group=0, tp_fraction=0.25),
@@ -121,8 +134,8 @@ def test_side_by_side_syncs_share_the_uplink_by_hand():
                                 GroupPlan("tp:1", [2, 3])]).validate()
     sim = simulate(plan, v, dim=DIM)
     tp_calls = (4 * 2 + 2)
-    assert sim.step_s == pytest.approx(0.75 * 0.72 + tp_calls * 1 * SEQ * DIM * 4 * 2 / 1e9 + allreduce(5 * MiB)
-                                       + 0.01 * 0.75)
+    sync = 2 * (1e-3 + 2.5 * MiB / 1e8)
+    assert sim.step_s == pytest.approx(0.75 * 0.72 + tp_calls * 1 * SEQ * DIM * 4 * 2 / 1e9 + sync + 0.01 * 0.75)
 
 
 def test_a_plan_that_does_not_fit_says_which_ranks():

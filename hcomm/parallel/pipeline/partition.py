@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from hcomm.parallel.pipeline.schedule_cost import (MiB, Action, LinkTime, PipelineCosts, interchangeable, lower_bound,
-                                                   path_terms, prefix_sums, simulate)
+from hcomm.parallel.pipeline.schedule_cost import (MiB, Action, HostTime, LinkTime, PipelineCosts, interchangeable,
+                                                   lower_bound, path_terms, prefix_sums, simulate)
 
 MAX_ORDER_DEVICES = 8
 MAX_NODES = 200_000   # search budget, subtrees expanded: 10-20 s of pure Python at the worst
@@ -437,12 +437,13 @@ def partition(profiles: Sequence, *, micro_batches: int, micro_batch: int, sched
               virtual_stages: int = 1, boundary_bytes: Union[int, Sequence[int]] = 0,
               link_s: Optional[LinkTime] = None, budgets: Optional[Sequence[int]] = None,
               order: Optional[Sequence[int]] = None, max_nodes: int = MAX_NODES,
-              bound_only: bool = False) -> Partition:
+              bound_only: bool = False, host_s: Optional[HostTime] = None) -> Partition:
     """The fastest contiguous partition and device order (the module docstring says what is exact).
 
     ``profiles``: one ``DeviceProfile`` per stage device; ``micro_batch``: samples per micro-batch;
     ``boundary_bytes``: activation bytes per sample leaving piece j (one value, or one per cut);
     ``link_s(rank_a, rank_b, nbytes)``: seconds to send nbytes from a to b (None: free links);
+    ``host_s(nbytes)``: seconds each end of such a transfer spends on it (None: nothing);
     ``budgets``: bytes per device (default: each profile's memory budget); ``order``: which device
     (index into ``profiles``) runs each pipeline position, instead of searching; ``max_nodes``: the
     search budget.
@@ -450,7 +451,8 @@ def partition(profiles: Sequence, *, micro_batches: int, micro_batch: int, sched
     if order is None and len(profiles) > MAX_ORDER_DEVICES:
         raise ValueError(f"the device-order search is exhaustive and limited to {MAX_ORDER_DEVICES} devices, got "
                          f"{len(profiles)}: pass order=[...] to fix which device runs each pipeline position")
-    pb = PipelineCosts(profiles, micro_batches, micro_batch, schedule, virtual_stages, boundary_bytes, link_s, budgets, order)
+    pb = PipelineCosts(profiles, micro_batches, micro_batch, schedule, virtual_stages, boundary_bytes, link_s, budgets, order,
+                       host_s=host_s)
     search = _Search(pb, max_nodes, bound_only)
     search.linear() if pb.v == 1 else search.interleaved()
     if search.best is None:
@@ -468,12 +470,12 @@ def partition(profiles: Sequence, *, micro_batches: int, micro_batch: int, sched
 def evaluate(profiles: Sequence, cuts: Sequence[int], *, micro_batches: int, micro_batch: int, schedule: str = "1f1b",
              virtual_stages: int = 1, boundary_bytes: Union[int, Sequence[int]] = 0, link_s: Optional[LinkTime] = None,
              budgets: Optional[Sequence[int]] = None, order: Optional[Sequence[int]] = None,
-             label: str = "given") -> Partition:
+             label: str = "given", host_s: Optional[HostTime] = None) -> Partition:
     """The prediction for given cuts (``cuts[k]``: first piece of stage k, then the piece count) and device
     order (default: as listed).  Does not raise for memory: ``fits`` says whether it holds."""
     order = list(order) if order is not None else list(range(len(profiles)))
     pb = PipelineCosts(profiles, micro_batches, micro_batch, schedule, virtual_stages, boundary_bytes, link_s, budgets,
-                  order, check_memory=False)
+                       order, check_memory=False, host_s=host_s)
     cuts = list(cuts)
     if len(cuts) != pb.K + 1 or cuts[0] != 0 or cuts[-1] != pb.n or any(a >= b for a, b in zip(cuts, cuts[1:])):
         raise ValueError(f"cuts must rise from 0 to {pb.n} in {pb.K} non-empty stages, got {cuts}")

@@ -14,8 +14,11 @@ input has arrived:
 A transfer starts when its producer ends and its link is free: each ordered
 pair of ranks is one first-in-first-out channel (full duplex: the two
 directions are separate), so a slow link carrying many micro-batches becomes
-the bottleneck it really is.  Sends are asynchronous: the producer goes on
-computing.  The step ends when the last backward ends; the optimizer step,
+the bottleneck it really is.  The wire is asynchronous (the producer goes on
+computing), but each end of a transfer spends some of its own time on it:
+``PipelineCosts`` adds ``host_s(bytes)`` to an action for every message it
+sends or receives (on CPU ranks a message is the ranks' own work, and it
+competes with the computation beside it).  The step ends when the last backward ends; the optimizer step,
 data loading and the loss reduction are not included.
 
 Schedules and the in-flight activations they imply (micro-batches whose
@@ -370,6 +373,7 @@ def lower_bound(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence
 
 MiB = 1 << 20
 LinkTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds to send from a to b
+HostTime = Callable[[int], float]             # nbytes -> seconds a rank spends on one message it sends or receives
 
 
 class PipelineCosts:
@@ -386,7 +390,8 @@ class PipelineCosts:
 
     def __init__(self, profiles: Sequence, micro_batches: int, micro_batch: int, schedule: str = "1f1b",
                  virtual_stages: int = 1, boundary_bytes: Union[int, Sequence[int]] = 0, link_s: Optional[LinkTime] = None,
-                 budgets: Optional[Sequence[int]] = None, order: Optional[Sequence[int]] = None, check_memory: bool = True):
+                 budgets: Optional[Sequence[int]] = None, order: Optional[Sequence[int]] = None, check_memory: bool = True,
+                 host_s: Optional[HostTime] = None):
         p = len(profiles)
         if p < 1:
             raise ValueError("a pipeline needs at least one stage device")
@@ -414,6 +419,7 @@ class PipelineCosts:
         self.M, self.mb, self.schedule, self.v = micro_batches, micro_batch, schedule, virtual_stages
         self.order = list(order) if order is not None else None
         self.link_fn = link_s or (lambda a, b, nbytes: 0.0)
+        self.host_fn = host_s or (lambda nbytes: 0.0)
         self.orders = _orders(schedule, p, micro_batches, virtual_stages)
         self.peak = stage_in_flight(self.orders, K)        # per stage: micro-batches in flight at its peak
         self.f, self.b, self.state, self.act = [], [], [], []
@@ -423,6 +429,7 @@ class PipelineCosts:
             self.state.append(prefix_sums([c.param_bytes + c.grad_bytes + c.optim_bytes for c in q.layers]))
             self.act.append(prefix_sums([c.act_bytes_per_sample * micro_batch for c in q.layers]))
         self._links: Dict[Tuple[int, int, int], float] = {}
+        self._hosts: Dict[int, float] = {}
         if check_memory:
             self._check_one_piece_fits()
 
@@ -467,7 +474,21 @@ class PipelineCosts:
         bwd = [self.b[dev[k]][cuts[k + 1]] - self.b[dev[k]][cuts[k]] for k in range(self.K)]
         cf = [self.link(dev[k], dev[k + 1], cuts[k + 1]) for k in range(self.K - 1)]
         cb = [self.link(dev[k + 1], dev[k], cuts[k + 1]) for k in range(self.K - 1)]
+        for k in range(self.K - 1):   # each message: the sender's and the receiver's own time
+            if dev[k] != dev[k + 1]:
+                h = self.host(cuts[k + 1])
+                fwd[k] += h        # F(k) sends its output, F(k + 1) receives it
+                fwd[k + 1] += h
+                bwd[k + 1] += h    # B(k + 1) sends the input gradient, B(k) receives it
+                bwd[k] += h
         return dev, fwd, bwd, cf, cb
+
+    def host(self, cut: int) -> float:
+        """Seconds one end of a transfer at ``cut`` spends on it (the same for sender and receiver)."""
+        nbytes = self.boundary[cut - 1] * self.mb
+        if nbytes not in self._hosts:
+            self._hosts[nbytes] = float(self.host_fn(nbytes))
+        return self._hosts[nbytes]
 
     def memory(self, cuts: Sequence[int], devs: Sequence[int]) -> List[int]:
         p = self.p

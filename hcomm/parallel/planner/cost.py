@@ -115,17 +115,36 @@ def beside_compute(t: float, start: float, compute_end: float, slowdown: float) 
     return overlapped + (t - overlapped / slowdown)
 
 
+def group_allreduce_s(view, ranks: Sequence[int], nbytes: int, spanning: Optional[AllReduceTime] = None) -> float:
+    """Seconds of one all-reduce of ``nbytes`` over ``ranks``: inside one island its island's curve; over
+    every rank, or with a curve given (``spanning``: a compressed weak tier), the whole group's; over
+    some ranks of several islands a ring through them in island order on the measured point-to-point
+    links (2 (n - 1) steps of nbytes / n, each as slow as the slowest hop).  The whole group's curve is
+    the comm layer's plan for all the islands (every rank, every uplink); a TP pair or a stage's
+    replicas across two islands run a two- or three-rank collective over one or two of the links."""
+    islands = {view.island_of(r) for r in ranks}
+    if len(islands) == 1:
+        return view.island_allreduce_s[next(iter(islands))](nbytes)
+    if spanning is not None or len(ranks) == view.world_size or not view.links:
+        return (spanning or view.allreduce_s)(nbytes)
+    ring = sorted(ranks, key=lambda r: (view.island_of(r), r))
+    n = len(ring)
+    chunk = -(-nbytes // n)
+    hop = max(view.p2p_s(a, b, chunk) for a, b in zip(ring, ring[1:] + ring[:1]))
+    return 2 * (n - 1) * hop
+
+
 def side_by_side_allreduce_s(view, jobs: Sequence[Tuple[Sequence[int], int]],
                              spanning: Optional[AllReduceTime] = None) -> float:
     """Seconds until the last of several all-reduces issued at the same time finishes; ``jobs``: (ranks,
     bytes) per group (the replicas of each pipeline stage, the ranks at each TP position).
 
     A group inside one island takes its island's curve (the groups hold different ranks, which move
-    their bytes at once).  Groups that span islands share the islands' uplinks: each is charged the
-    whole group's curve at the bytes that all spanning groups together push through the busiest uplink
-    it uses (measured on ``two-islands``, pp=2: two stage groups across the one link took 0.91 s, one
-    of them alone is predicted at 0.49 s).  ``spanning``: the whole group's curve to charge (default
-    ``view.allreduce_s``; the compressed one where the weak tier compresses).
+    their bytes at once).  Groups that span islands share the islands' uplinks: each is charged its own
+    all-reduce (``group_allreduce_s``) at the bytes that all spanning groups together push through the
+    busiest uplink it uses (measured on ``two-islands``, pp=2: two stage groups across the one link
+    took 0.91 s, one of them alone is predicted at 0.49 s).  ``spanning``: the whole group's curve to
+    charge instead (the compressed one where the weak tier compresses).
     """
     crossing = [(ranks, nbytes, {view.island_of(r) for r in ranks}) for ranks, nbytes in jobs]
     load: Dict[int, int] = {}
@@ -134,14 +153,11 @@ def side_by_side_allreduce_s(view, jobs: Sequence[Tuple[Sequence[int], int]],
             for i in islands:
                 load[i] = load.get(i, 0) + nbytes
     worst = 0.0
-    for _, nbytes, islands in crossing:
+    for ranks, nbytes, islands in crossing:
         if not nbytes:
             continue
-        if len(islands) == 1:
-            t = view.island_allreduce_s[next(iter(islands))](nbytes)
-        else:
-            t = (spanning or view.allreduce_s)(max(load[i] for i in islands))
-        worst = max(worst, t)
+        worst = max(worst, group_allreduce_s(view, ranks, nbytes if len(islands) == 1 else
+                                             max(load[i] for i in islands), spanning))
     return worst
 
 

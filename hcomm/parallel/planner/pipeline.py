@@ -201,7 +201,7 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
 
 
 def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort: Effort = EXACT):
-    kw = dict(boundary_bytes=boundary, link_s=view.p2p_s)
+    kw = dict(boundary_bytes=boundary, link_s=view.p2p_s, host_s=view.p2p_host_s)
     leader = max(range(len(replicas)), key=lambda i: rows[i])
     profiles = [view.profiles[r] for r in replicas[leader]]
     stages = len(replicas[leader])

@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence
 
 from hcomm.parallel.cluster import ClusterView
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan
+from hcomm.parallel.planner.cost import group_allreduce_s
 from hcomm.parallel.planner.pipeline import plan_pipeline
 from hcomm.parallel.planner.tensor import even_fractions, speed_fractions, tensor_groups
 from hcomm.parallel.profile import DeviceProfile, LayerCost
@@ -56,9 +57,7 @@ def group_profile(view, group: Sequence[int], fractions: Sequence[float], index:
     activations scaled so that each member's own share fits it (``activation_scale``)."""
     profiles = [view.profiles[r] for r in group]
     mb = profiles[0].micro_batch
-    islands = {view.island_of(r) for r in group}
-    allreduce = view.island_allreduce_s[islands.pop()] if len(islands) == 1 else view.allreduce_s
-    full, small = allreduce(mb * seq_len * dim * 4), allreduce(1024)
+    full, small = (group_allreduce_s(view, group, n) for n in (mb * seq_len * dim * 4, 1024))
     n = len(profiles[0].layers)
     layers = []
     for i, base in enumerate(profiles[0].layers):
@@ -103,7 +102,15 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
         optimizer_s=[max(view.optimizer_s[r] * x for r, x in zip(g, f)) for g, f in zip(groups, fractions)],
         island_names=[view.island_names[k] for k in keep] if view.island_names else [],
         compressed_allreduce_s=dict(view.compressed_allreduce_s),
-        links=dict(view.links), calibration=dict(view.calibration), overlap_slowdown=view.overlap_slowdown)
+        links=_shared_links(view.links, len(groups[0])), calibration=dict(view.calibration),
+        overlap_slowdown=view.overlap_slowdown)
+
+
+def _shared_links(links, tp: int):
+    """The links as a pipeline of TP groups uses them: every TP position runs its own pipeline and sends
+    the whole (replicated) boundary tensor, so across islands ``tp`` transfers share the uplink at once;
+    inside an island they go between different ranks."""
+    return {tier: (alpha, beta / tp if tier == "inter" else beta) for tier, (alpha, beta) in links.items()}
 
 
 def _group_profiles(view, groups, fractions, seq_len: int, dim: int) -> List[DeviceProfile]:

@@ -143,7 +143,7 @@ def _replicas(plan, view, pipes, dim: int):
             part = evaluate([view.profiles[r] for r in ranks], g.cuts, micro_batches=g.micro_batches,
                             micro_batch=rows // g.micro_batches, schedule=g.schedule,
                             virtual_stages=g.virtual_stages, boundary_bytes=boundary_bytes(dim, plan.seq_len),
-                            link_s=view.p2p_s)
+                            link_s=view.p2p_s, host_s=view.p2p_host_s)
             done[key] = (list(ranks), part)
         out.append(_Replica(list(ranks), rows, part, list(ranks)))
     return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
-from hcomm.parallel.planner.cost import side_by_side_allreduce_s
+from hcomm.parallel.planner.cost import group_allreduce_s, side_by_side_allreduce_s
 from hcomm.parallel.planner.pipeline import model_seconds, rank_speed
 
 SPLITS = ("auto", "uniform")
@@ -158,7 +158,5 @@ def _group_seconds(view, group: Sequence[int], fractions: Sequence[float], rows:
     compute = [model_seconds(view.profiles[r]) * rows / view.profiles[r].micro_batch * f
                for r, f in zip(group, fractions)]
     nbytes = rows * seq_len * dim * 4
-    island = {view.island_of(r) for r in group}
-    allreduce = view.island_allreduce_s[island.pop()] if len(island) == 1 else view.allreduce_s
-    comm = (4 * n_layers + 2) * allreduce(nbytes) if len(group) > 1 and rows else 0.0
+    comm = (4 * n_layers + 2) * group_allreduce_s(view, group, nbytes) if len(group) > 1 and rows else 0.0
     return (max(compute) + comm) / max(rows, 1), max(compute), comm

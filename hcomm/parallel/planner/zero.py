@@ -57,7 +57,7 @@ def _collective_times(view, dp):
     # each shard with the same shard of the other islands: the positions all-reduce side by side, through
     # the same uplinks
     positions = [[m[j] for m in view.islands] for j in range(size)]
-    across = view.allreduce(dp.compression)
+    across = None if dp.compression in ("", "none") else view.allreduce(dp.compression)
     return (lambda b: max(f(b) for f in inner_g),
             lambda b: max(f(b) for f in inner_r) + side_by_side_allreduce_s(view, [(p, b // size) for p in positions],
                                                                               across))
