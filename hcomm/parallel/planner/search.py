@@ -81,6 +81,11 @@ LARGE_EFFORT = Effort(max_nodes=300, schedules=("1f1b",), most_counts=1, bound_o
 # search per (schedule, count) stops after a few thousand nodes: the search plans ~15 shapes, and exact
 # interleaved partitions of a 34-piece model over 8 stages cost minutes each (2 M nodes measured).
 SMALL_EFFORT = Effort(max_nodes=5_000, most_counts=2)
+# Up to FEW devices (a live job on one box, a node or two) every micro-batch count too: each message
+# costs its two ends host time, so the fewest micro-batches can win (two-islands, pp=2: 2 interleaved
+# micro-batches measured 740 ms, the deepest counts 850-960 ms).
+FEW = 8
+FEW_EFFORT = Effort(max_nodes=5_000)
 
 
 def _hourly(prices: Dict[str, float], devices: Sequence[str]) -> float:
@@ -114,7 +119,7 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
     start = time.perf_counter()
     # Beyond a few dozen devices the pipeline partition search gets a node budget per (schedule, M):
     # every shape is still planned, and a partition that is not proven optimal says by how much at most.
-    effort = SMALL_EFFORT if view.world_size <= LARGE else LARGE_EFFORT
+    effort = FEW_EFFORT if view.world_size <= FEW else SMALL_EFFORT if view.world_size <= LARGE else LARGE_EFFORT
     n_pieces = len(view.profiles[0].layers)
     boundary = boundary_bytes(dim, seq_len)
     candidates: List[Candidate] = []
