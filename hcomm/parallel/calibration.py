@@ -140,8 +140,9 @@ def describe(factors: Dict[str, Sequence[float]]) -> str:
     """One line: each calibrated curve's measured / predicted ratios at ``CALIBRATION_BYTES`` (point to
     point links at ``P2P_BYTES``)."""
     return f"collectives measured / predicted at {_sizes(CALIBRATION_BYTES)}: " + "; ".join(
-        f"{name} " + "/".join(f"{r:.2f}" for r in ratios) + (f" (at {_sizes(P2P_BYTES)})" if name.startswith("p2p@")
-                                                            else "")
+        f"{name} " + "/".join(f"{r:.2f}" for r in ratios) + (
+            f" (at {_sizes(P2P_BYTES)})" if name.startswith("p2p@") else
+            f" (ms at {_sizes(P2P_BYTES)})" if name.startswith("host@") else "")
         for name, ratios in factors.items())
 
 
@@ -151,9 +152,10 @@ P2P_BYTES = (64 << 10, 1 << 20)
 P2P_ROUND_TRIPS = (48, 16)   # a 64 KiB fit from 16 round trips moved 4-21x between runs (CPU-quota periods)
 
 
-def _one_way_s(group, me: int, peer: int, nbytes: int, round_trips: int) -> float:
+def _one_way_s(group, me: int, peer: int, nbytes: int, round_trips: int) -> Tuple[float, float]:
     """Mean one-way seconds of ``nbytes`` between this rank and ``peer`` (global ranks, both in ``group``),
-    sent and received through the group as a pipeline stage does; the lower rank leads."""
+    sent and received through the group as a pipeline stage does (the lower rank leads), and the CPU
+    seconds this process spent per message it sent or received (every thread: the backend's too)."""
     import torch.distributed as dist
 
     buf = torch.ones(max(1, nbytes // 4))
@@ -168,10 +170,20 @@ def _one_way_s(group, me: int, peer: int, nbytes: int, round_trips: int) -> floa
             dist.send(buf, peer, group=group)
 
     trip()   # warm-up: the pair's connection
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(round_trips):
         trip()
-    return (time.perf_counter() - start) / (2 * round_trips)
+    return (time.perf_counter() - start) / (2 * round_trips), (time.process_time() - cpu) / (2 * round_trips)
+
+
+def cpu_share(seconds: float) -> float:
+    """The fraction of a core this process gets while every rank computes (a one-thread busy loop's CPU
+    seconds over its wall seconds; 1 on a free core, the quota or the fair share of a crowded host
+    below): what turns a message's CPU seconds into seconds of the rank's time."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    while time.perf_counter() - wall < seconds:
+        sum(range(1000))
+    return min(1.0, max(1e-3, (time.process_time() - cpu) / (time.perf_counter() - wall)))
 
 
 def _fit(times: Sequence[float]) -> Tuple[float, float]:
@@ -181,39 +193,49 @@ def _fit(times: Sequence[float]) -> Tuple[float, float]:
     return max(0.0, t1 - n1 / beta), beta
 
 
-def p2p_links(topo, group, default_group) -> Dict[str, Tuple[float, float]]:
+def p2p_links(topo, group, default_group, window: float = 0.1) -> Dict[str, Tuple[float, float]]:
     """Measured (alpha, beta) of the "intra" tier (ranks 0 and 1 of every island at once; the slowest
     island's) and the "inter" tier (island 0's first rank with each other island's, in turn; the
     slowest pair's), every rank getting the same.  Pairs as the comm layer's link probe takes them
     (``hcomm.profiling.measure``), but timed through ``send``/``recv`` on the group with everything a
-    pipeline's transfer costs on top of the wire."""
+    pipeline's transfer costs on top of the wire.
+
+    Also "host@intra" and "host@inter": the (alpha, beta) of the seconds one end of such a transfer
+    takes of its rank's own time -- the CPU seconds per message over the rank's ``cpu_share`` (measured
+    first on every rank at once, for ``window`` / 2).  Measured 2026-12-04 per 64 KiB message: 0.5-0.9
+    ms of a 1 ms one-way time between two emulated ranks sharing memory, 0.07-0.14 ms of 1.2 ms across a
+    TCP link."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     n = len(topo.islands)
-    slots = torch.zeros(4 * n, dtype=torch.float64)   # per island: intra (alpha, beta); inter (alpha, beta)
+    share = cpu_share(window / 2)
+    # per island: intra (alpha, beta, host alpha, host beta); then the same for inter
+    slots = torch.zeros(8 * n, dtype=torch.float64)
 
     def probe(peer: int, slot: int, record: bool):
-        alpha, beta = _fit([_one_way_s(group, rank, peer, b, k) for b, k in zip(P2P_BYTES, P2P_ROUND_TRIPS)])
+        timed = [_one_way_s(group, rank, peer, b, k) for b, k in zip(P2P_BYTES, P2P_ROUND_TRIPS)]
+        alpha, beta = _fit([wall for wall, _ in timed])
+        host_alpha, host_beta = _fit([cpu / share for _, cpu in timed])
         if record:
-            slots[slot], slots[slot + 1] = alpha, min(beta, 1e15)
+            slots[slot:slot + 4] = torch.tensor([alpha, min(beta, 1e15), host_alpha, min(host_beta, 1e15)],
+                                                dtype=torch.float64)
 
     for i, members in enumerate(topo.islands):
         if len(members) >= 2 and rank in members[:2]:
-            probe(members[1] if rank == members[0] else members[0], 2 * i, rank == members[0])
+            probe(members[1] if rank == members[0] else members[0], 4 * i, rank == members[0])
     leader = topo.islands[0][0]
     for j in range(1, n):
         other = topo.islands[j][0]
         if rank in (leader, other):
-            probe(other if rank == leader else leader, 2 * n + 2 * j, rank == leader)
+            probe(other if rank == leader else leader, 4 * n + 4 * j, rank == leader)
     dist.all_reduce(slots, group=default_group)
     links: Dict[str, Tuple[float, float]] = {}
-    intra = [(slots[2 * i].item(), slots[2 * i + 1].item()) for i in range(n) if slots[2 * i + 1] > 0]
-    inter = [(slots[2 * n + 2 * j].item(), slots[2 * n + 2 * j + 1].item()) for j in range(1, n)]
-    if intra:
-        links["intra"] = (max(a for a, _ in intra), min(b for _, b in intra))
-    if inter:
-        links["inter"] = (max(a for a, _ in inter), min(b for _, b in inter))
+    for tier, fits in (("intra", [slots[4 * i:4 * i + 4].tolist() for i in range(n) if slots[4 * i + 1] > 0]),
+                       ("inter", [slots[4 * n + 4 * j:4 * n + 4 * j + 4].tolist() for j in range(1, n)])):
+        if fits:   # the slowest pair's: largest alpha, smallest beta
+            links[tier] = (max(f[0] for f in fits), min(f[1] for f in fits))
+            links[f"host@{tier}"] = (max(f[2] for f in fits), min(f[3] for f in fits))
     return links
 
 

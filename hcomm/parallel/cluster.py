@@ -51,16 +51,20 @@ class ClusterView:
         alpha, beta = self.links.get(tier) or self.links.get("flat") or next(iter(self.links.values()))
         return alpha + nbytes / beta
 
-    def p2p_host_s(self, nbytes: int) -> float:
-        """Seconds of a rank's own time one pipeline transfer of ``nbytes`` costs it, at either end, while
-        it computes: the intra tier's time for the bytes (where a transfer is nothing but the two ranks'
-        work) times the measured slowdown of communication beside computation.  Measured on
-        ``two-islands`` (pp=4, 16 micro-batches of 1, 64 KiB messages): a sending rank lost 1.8-3.9 ms
-        per message while computing against 0.66 ms for the message alone (send/recv ping-pong), and a
-        schedule without this charge predicted 815 ms for a measured 964 ms.  No links known: free."""
-        if not self.links:
+    def p2p_host_s(self, a: int, b: int, nbytes: int) -> float:
+        """Seconds of rank a's (or b's) own time one pipeline transfer of ``nbytes`` between them costs it,
+        at either end, while the ranks compute: the measured CPU time of a message on that tier over the
+        rank's share of a core (``calibration.p2p_links``, "host@intra" / "host@inter"), times the
+        measured slowdown of communication beside computation.  Without that measurement: nothing.
+        On ``two-islands`` a schedule that charged no host time predicted 815 ms for a measured 964 ms
+        (pp=4, 16 micro-batches of 1: 64 messages per rank)."""
+        if a == b:
             return 0.0
-        alpha, beta = self.links.get("intra") or self.links.get("flat") or next(iter(self.links.values()))
+        tier = "intra" if self.island_of(a) == self.island_of(b) else "inter"
+        fit = self.links.get(f"host@{tier}")
+        if fit is None:
+            return 0.0
+        alpha, beta = fit
         return (alpha + nbytes / beta) * self.overlap_slowdown
 
     def allreduce(self, compression: str = "none") -> AllReduceTime:
@@ -176,10 +180,12 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
     if window > 0:
         slowdown = calibration.overlap_slowdown(hcomm_group, window)
         measured["all_reduce beside compute"] = [slowdown]
-        timed = calibration.p2p_links(topo, hcomm_group, default_group)
+        timed = calibration.p2p_links(topo, hcomm_group, default_group, window)
         for tier, fit in timed.items():
             if tier in links:
                 measured[f"p2p@{tier}"] = calibration.link_ratios(links[tier], fit)
+            elif tier.startswith("host@"):   # milliseconds at P2P_BYTES, not a ratio
+                measured[tier] = [1e3 * (fit[0] + n / fit[1]) for n in calibration.P2P_BYTES]
             links[tier] = fit
         measured.update({op: r for op, r in zip(ops, ratios)})
         if island_group is not None:

@@ -35,9 +35,10 @@ def test_no_correction_returns_the_model_itself():
 
 def test_describe_names_every_curve_and_size():
     text = calibration.describe({"all_reduce": [2.0, 1.5, 1.0], "all_reduce@a100": [41.2, 9.55, 2.78],
-                                 "p2p@intra": [12.5, 3.0]})
+                                 "p2p@intra": [12.5, 3.0], "host@intra": [0.35, 1.1]})
     assert text == ("collectives measured / predicted at 64 KiB/1 MiB/8 MiB: all_reduce 2.00/1.50/1.00; "
-                    "all_reduce@a100 41.20/9.55/2.78; p2p@intra 12.50/3.00 (at 64 KiB/1 MiB)")
+                    "all_reduce@a100 41.20/9.55/2.78; p2p@intra 12.50/3.00 (at 64 KiB/1 MiB); "
+                    "host@intra 0.35/1.10 (ms at 64 KiB/1 MiB)")
 
 
 def test_link_fit_goes_through_both_sizes():
@@ -49,6 +50,10 @@ def test_link_fit_goes_through_both_sizes():
     assert calibration._fit([3e-3, 2e-3]) == (3e-3, float("inf"))
     assert calibration.link_ratios((1e-3, 1e9), (2e-3, 1e9)) == [
         pytest.approx((2e-3 + n / 1e9) / (1e-3 + n / 1e9)) for n in calibration.P2P_BYTES]
+
+
+def test_cpu_share_of_a_free_process_is_at_most_one_core():
+    assert 0.0 < calibration.cpu_share(0.05) <= 1.0
 
 
 def test_a_collective_beside_computation_by_hand():
@@ -78,13 +83,16 @@ def test_live_discovery_gives_every_rank_one_calibrated_view(pool4):
     for other in out[1:]:   # the same view everywhere: the slowest rank's mean is agreed by all
         assert other[0] == ratios
     names = {f"{op}{suffix}" for op in calibration.OPS for suffix in ("", "@a", "@b")}
-    assert set(ratios) == names | {"p2p@intra", "p2p@inter", "all_reduce beside compute"}
+    assert set(ratios) == names | {"p2p@intra", "p2p@inter", "host@intra", "host@inter",
+                                   "all_reduce beside compute"}
     for name, rs in ratios.items():
-        sizes = calibration.P2P_BYTES if name.startswith("p2p@") else CALIBRATION_BYTES
+        sizes = calibration.P2P_BYTES if name.startswith(("p2p@", "host@")) else CALIBRATION_BYTES
         assert len(rs) == (1 if name == "all_reduce beside compute" else len(sizes)), name
         assert all(r > 0 for r in rs), (name, rs)
         if name == "all_reduce beside compute":
             assert calibration.OVERLAP_BOUNDS[0] <= rs[0] <= calibration.OVERLAP_BOUNDS[1]
+        elif name.startswith("host@"):   # a message's share of its rank's time: under its one-way time
+            assert all(0 < ms < 1e3 for ms in rs), (name, rs)
         elif not name.startswith("p2p@"):
             assert all(calibration.BOUNDS[0] <= r <= calibration.BOUNDS[1] for r in rs), (name, rs)
     # the view's curves are the model's times the measured ratio at each size

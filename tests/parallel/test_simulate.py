@@ -78,9 +78,11 @@ def test_gpipe_two_stages_one_micro_batch_by_hand(slowdown):
     """Stage 0 = pieces [0, 2) on rank 0, stage 1 = [2, 5) on rank 1, one sample: forward 0.11 then
     send then 0.13, backward 0.26 then send then 0.22; a send is 1e-4 s + 2 KiB / 1e9 (intra link).
     Each of the four actions also spends the host time of the one message it sends or receives: the
-    intra link's time for it, times the slowdown beside computation."""
+    measured host line of the intra tier (2e-5 s + bytes / 4e9) for it, times the slowdown beside
+    computation."""
     v = view([1.0, 1.0])
     v.overlap_slowdown = slowdown
+    v.links["host@intra"] = (2e-5, 4e9)
     ranks = [RankPlan(0, 1.0, stage=0, layers=(0, 2)), RankPlan(1, 0.0, stage=1, layers=(2, 5))]
     groups = [GroupPlan("dp", [0, 1]), GroupPlan("pp:0", [0, 1], micro_batches=1, schedule="gpipe", cuts=[0, 2, 5])]
     plan = Plan(1, SEQ, ranks, groups).validate()
@@ -88,7 +90,7 @@ def test_gpipe_two_stages_one_micro_batch_by_hand(slowdown):
     send = 1e-4 + boundary_bytes(DIM, SEQ) / 1e9
     f0, f1, b0, b1 = 0.33 / 3, 0.39 / 3, 0.66 / 3, 0.78 / 3
     # one replica: no stage sync; the optimizer on the largest stage's share of the parameters (3/5)
-    host = send * slowdown
+    host = (2e-5 + boundary_bytes(DIM, SEQ) / 4e9) * slowdown
     assert sim.step_s == pytest.approx(f0 + send + f1 + b1 + send + b0 + 4 * host + 0.01 * 3 / 5)
     assert sim.kind == "pipeline"
     assert sim.memory_bytes[0] == 2 * 4 * MiB + 2 * MiB and sim.memory_bytes[1] == 3 * 4 * MiB + 3 * MiB

@@ -16,9 +16,9 @@ pair of ranks is one first-in-first-out channel (full duplex: the two
 directions are separate), so a slow link carrying many micro-batches becomes
 the bottleneck it really is.  The wire is asynchronous (the producer goes on
 computing), but each end of a transfer spends some of its own time on it:
-``PipelineCosts`` adds ``host_s(bytes)`` to an action for every message it
-sends or receives (on CPU ranks a message is the ranks' own work, and it
-competes with the computation beside it).  The step ends when the last backward ends; the optimizer step,
+``PipelineCosts`` adds ``host_s(a, b, bytes)`` to an action for every message
+it sends or receives (a message's CPU work competes with the computation
+beside it).  The step ends when the last backward ends; the optimizer step,
 data loading and the loss reduction are not included.
 
 Schedules and the in-flight activations they imply (micro-batches whose
@@ -373,7 +373,7 @@ def lower_bound(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence
 
 MiB = 1 << 20
 LinkTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds to send from a to b
-HostTime = Callable[[int], float]             # nbytes -> seconds a rank spends on one message it sends or receives
+HostTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds either end spends on that message
 
 
 class PipelineCosts:
@@ -419,7 +419,7 @@ class PipelineCosts:
         self.M, self.mb, self.schedule, self.v = micro_batches, micro_batch, schedule, virtual_stages
         self.order = list(order) if order is not None else None
         self.link_fn = link_s or (lambda a, b, nbytes: 0.0)
-        self.host_fn = host_s or (lambda nbytes: 0.0)
+        self.host_fn = host_s or (lambda a, b, nbytes: 0.0)
         self.orders = _orders(schedule, p, micro_batches, virtual_stages)
         self.peak = stage_in_flight(self.orders, K)        # per stage: micro-batches in flight at its peak
         self.f, self.b, self.state, self.act = [], [], [], []
@@ -429,7 +429,7 @@ class PipelineCosts:
             self.state.append(prefix_sums([c.param_bytes + c.grad_bytes + c.optim_bytes for c in q.layers]))
             self.act.append(prefix_sums([c.act_bytes_per_sample * micro_batch for c in q.layers]))
         self._links: Dict[Tuple[int, int, int], float] = {}
-        self._hosts: Dict[int, float] = {}
+        self._hosts: Dict[Tuple[int, int, int], float] = {}
         if check_memory:
             self._check_one_piece_fits()
 
@@ -476,19 +476,20 @@ class PipelineCosts:
         cb = [self.link(dev[k + 1], dev[k], cuts[k + 1]) for k in range(self.K - 1)]
         for k in range(self.K - 1):   # each message: the sender's and the receiver's own time
             if dev[k] != dev[k + 1]:
-                h = self.host(cuts[k + 1])
+                h = self.host(dev[k], dev[k + 1], cuts[k + 1])
                 fwd[k] += h        # F(k) sends its output, F(k + 1) receives it
                 fwd[k + 1] += h
                 bwd[k + 1] += h    # B(k + 1) sends the input gradient, B(k) receives it
                 bwd[k] += h
         return dev, fwd, bwd, cf, cb
 
-    def host(self, cut: int) -> float:
-        """Seconds one end of a transfer at ``cut`` spends on it (the same for sender and receiver)."""
-        nbytes = self.boundary[cut - 1] * self.mb
-        if nbytes not in self._hosts:
-            self._hosts[nbytes] = float(self.host_fn(nbytes))
-        return self._hosts[nbytes]
+    def host(self, a: int, b: int, cut: int) -> float:
+        """Seconds one end of a transfer at ``cut`` between devices a and b spends on it (the same for the
+        sender and the receiver)."""
+        key = (a, b, self.boundary[cut - 1] * self.mb)
+        if key not in self._hosts:
+            self._hosts[key] = float(self.host_fn(self.profiles[a].rank, self.profiles[b].rank, key[2]))
+        return self._hosts[key]
 
     def memory(self, cuts: Sequence[int], devs: Sequence[int]) -> List[int]:
         p = self.p

@@ -84,11 +84,11 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
     group i's split)."""
     largest = max(max(f) for f in fractions)
 
-    def scaled(cost):   # replicas of a stage sync each (stage, position) shard in parallel: the largest
+    # Replicas of a stage sync each (stage, TP position) shard side by side.  Inside an island each shard
+    # moves between its own ranks, so the largest sets the time; across islands the shards of every
+    # position share the uplinks, so together they cost the whole stage's bytes (the curves as they are).
+    def scaled(cost):
         return None if cost is None else (lambda nbytes: cost(int(nbytes * largest)))
-
-    # ... inside an island each shard moves on its own ranks (the largest sets the time); across islands
-    # the shards of every position share the uplinks, so together they cost the whole stage's bytes
 
     island_of = [view.island_of(g[0]) for g in groups]
     islands = [[i for i, isl in enumerate(island_of) if isl == k] for k in range(len(view.islands))]
