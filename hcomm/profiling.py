@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -134,28 +134,44 @@ def _probe_pair(pg, me: int, peer: int, leader: bool, budget: float) -> Tuple[fl
     return alpha, beta
 
 
+def probe_pairs(topo: Topology, rank: int) -> List[Tuple[str, int, int, bool]]:
+    """The pairs this rank probes, in order, as (tier, island index, peer's global rank, whether this rank
+    leads and records): ranks 0 and 1 of its island ("intra", all islands at once), then island 0's
+    leader with each other island's leader ("inter", in turn).  The link probe and the planner's
+    calibration take the same pairs."""
+    me = topo.island_of(rank)
+    members = topo.islands[me]
+    out: List[Tuple[str, int, int, bool]] = []
+    if len(members) >= 2 and rank in members[:2]:
+        out.append(("intra", me, members[1] if rank == members[0] else members[0], rank == members[0]))
+    leader0 = topo.islands[0][0]
+    for j in range(1, len(topo.islands)):
+        other = topo.islands[j][0]
+        if rank in (leader0, other):
+            out.append(("inter", j, other if rank == leader0 else leader0, rank == leader0))
+    return out
+
+
 def measure(topo: Topology, rank: int, host_pg, island_pg, budget: float) -> Dict[str, Link]:
     """Probe intra (local ranks 0<->1 of each island, concurrently) and inter
     (island 0's leader <-> each other island's leader, in turn).  Every rank
     calls this; results are combined with an all-reduce so all agree."""
-    me = topo.island_of(rank)
-    local = topo.islands[me].index(rank)
     n_islands = len(topo.islands)
     # slots: [intra alpha, intra beta] per island, then [inter alpha, inter beta] per island
     results = torch.zeros(4 * n_islands, dtype=torch.float64)
     share = budget / (1 + n_islands)
-    if island_pg is not None and len(topo.islands[me]) >= 2 and local in (0, 1):
-        a, b = _probe_pair(island_pg, local, 1 - local, local == 0, share)
-        if local == 0:
-            results[2 * me], results[2 * me + 1] = a, b
-    leader0 = topo.islands[0][0]
-    for j in range(1, n_islands):
-        other = topo.islands[j][0]
-        if rank in (leader0, other):
-            peer = other if rank == leader0 else leader0
-            a, b = _probe_pair(host_pg, rank, peer, rank == leader0, share)
-            if rank == leader0:
-                results[2 * n_islands + 2 * j], results[2 * n_islands + 2 * j + 1] = a, b
+    for tier, i, peer, lead in probe_pairs(topo, rank):
+        if tier == "intra":
+            if island_pg is None:
+                continue
+            local = topo.islands[i].index(rank)   # the island group numbers its ranks from 0
+            a, b = _probe_pair(island_pg, local, 1 - local, lead, share)
+            slot = 2 * i
+        else:
+            a, b = _probe_pair(host_pg, rank, peer, lead, share)
+            slot = 2 * n_islands + 2 * i
+        if lead:
+            results[slot], results[slot + 1] = a, b
     host_pg.allreduce([results]).wait()
     intra = [(results[2 * i].item(), results[2 * i + 1].item()) for i in range(n_islands) if results[2 * i + 1] > 0]
     inter = [(results[2 * n_islands + 2 * j].item(), results[2 * n_islands + 2 * j + 1].item())

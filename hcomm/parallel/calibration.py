@@ -83,6 +83,12 @@ def _slowest(value: float, group) -> float:
     return float(t.item())
 
 
+def _call_count(window: float, per_call: float) -> int:
+    """Calls that fill ``window`` at ``per_call`` seconds each, within [MIN_CALLS, MAX_CALLS]; from a
+    time every rank agrees on, so every rank makes the same number of calls."""
+    return max(MIN_CALLS, min(MAX_CALLS, int(window / max(per_call, 1e-6))))
+
+
 def measure(op: str, group, nbytes: int, window: float) -> float:
     """Mean seconds per call of ``op`` on ``group`` over a ``nbytes`` buffer, calls back to back for about
     ``window`` seconds, the slowest rank's mean (every rank returns the same)."""
@@ -90,7 +96,7 @@ def measure(op: str, group, nbytes: int, window: float) -> float:
     start = time.perf_counter()
     call()   # warm-up (connections, scratch buffers), and a first estimate of the call's length
     first = _slowest(time.perf_counter() - start, group)
-    calls = max(MIN_CALLS, min(MAX_CALLS, int(window / max(first, 1e-6))))
+    calls = _call_count(window, first)
     start = time.perf_counter()
     for _ in range(calls):
         call()
@@ -196,8 +202,8 @@ def _fit(times: Sequence[float]) -> Tuple[float, float]:
 def p2p_links(topo, group, default_group, window: float = 0.1) -> Dict[str, Tuple[float, float]]:
     """Measured (alpha, beta) of the "intra" tier (ranks 0 and 1 of every island at once; the slowest
     island's) and the "inter" tier (island 0's first rank with each other island's, in turn; the
-    slowest pair's), every rank getting the same.  Pairs as the comm layer's link probe takes them
-    (``hcomm.profiling.measure``), but timed through ``send``/``recv`` on the group with everything a
+    slowest pair's), every rank getting the same.  The comm layer's link probe's pairs
+    (``hcomm.profiling.probe_pairs``), but timed through ``send``/``recv`` on the group with everything a
     pipeline's transfer costs on top of the wire.
 
     Also "host@intra" and "host@inter": the (alpha, beta) of the seconds one end of such a transfer
@@ -206,6 +212,8 @@ def p2p_links(topo, group, default_group, window: float = 0.1) -> Dict[str, Tupl
     ms of a 1 ms one-way time between two emulated ranks sharing memory, 0.07-0.14 ms of 1.2 ms across a
     TCP link."""
     import torch.distributed as dist
+
+    from hcomm.profiling import probe_pairs
 
     rank = dist.get_rank()
     n = len(topo.islands)
@@ -221,14 +229,8 @@ def p2p_links(topo, group, default_group, window: float = 0.1) -> Dict[str, Tupl
             slots[slot:slot + 4] = torch.tensor([alpha, min(beta, 1e15), host_alpha, min(host_beta, 1e15)],
                                                 dtype=torch.float64)
 
-    for i, members in enumerate(topo.islands):
-        if len(members) >= 2 and rank in members[:2]:
-            probe(members[1] if rank == members[0] else members[0], 4 * i, rank == members[0])
-    leader = topo.islands[0][0]
-    for j in range(1, n):
-        other = topo.islands[j][0]
-        if rank in (leader, other):
-            probe(other if rank == leader else leader, 4 * n + 4 * j, rank == leader)
+    for tier, i, peer, lead in probe_pairs(topo, rank):
+        probe(peer, 4 * i if tier == "intra" else 4 * n + 4 * i, lead)
     dist.all_reduce(slots, group=default_group)
     links: Dict[str, Tuple[float, float]] = {}
     for tier, fits in (("intra", [slots[4 * i:4 * i + 4].tolist() for i in range(n) if slots[4 * i + 1] > 0]),
@@ -261,7 +263,7 @@ def overlap_slowdown(group, window: float) -> float:
     import torch.distributed as dist
 
     alone = measure("all_reduce", group, OVERLAP_BYTES, 2 * window)
-    calls = max(MIN_CALLS, min(MAX_CALLS, int(2 * window / max(alone, 1e-6))))   # the same count on every rank
+    calls = _call_count(2 * window, alone)   # agreed: every rank has the same slowest mean
     tensors = [torch.ones(OVERLAP_BYTES // 4) for _ in range(2)]
     x = torch.randn(96, 96)
     start = time.perf_counter()

@@ -52,6 +52,21 @@ def test_link_fit_goes_through_both_sizes():
         pytest.approx((2e-3 + n / 1e9) / (1e-3 + n / 1e9)) for n in calibration.P2P_BYTES]
 
 
+def test_probe_pairs_are_the_link_probes():
+    """Islands {0, 1, 2}, {3}, {4, 5}: ranks 0-1 and 4-5 probe their island (all at once), rank 0 probes
+    each other island's first rank in turn; the lower rank of each pair leads."""
+    from hcomm.profiling import probe_pairs
+    from hcomm.topology import Topology
+
+    topo = Topology(ranks=[], islands=[[0, 1, 2], [3], [4, 5]])
+    assert probe_pairs(topo, 0) == [("intra", 0, 1, True), ("inter", 1, 3, True), ("inter", 2, 4, True)]
+    assert probe_pairs(topo, 1) == [("intra", 0, 0, False)]
+    assert probe_pairs(topo, 2) == []
+    assert probe_pairs(topo, 3) == [("inter", 1, 0, False)]
+    assert probe_pairs(topo, 4) == [("intra", 2, 5, True), ("inter", 2, 0, False)]
+    assert probe_pairs(topo, 5) == [("intra", 2, 4, False)]
+
+
 def test_cpu_share_of_a_free_process_is_at_most_one_core():
     assert 0.0 < calibration.cpu_share(0.05) <= 1.0
 

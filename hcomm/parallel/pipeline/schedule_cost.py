@@ -474,7 +474,9 @@ class PipelineCosts:
         bwd = [self.b[dev[k]][cuts[k + 1]] - self.b[dev[k]][cuts[k]] for k in range(self.K)]
         cf = [self.link(dev[k], dev[k + 1], cuts[k + 1]) for k in range(self.K - 1)]
         cb = [self.link(dev[k + 1], dev[k], cuts[k + 1]) for k in range(self.K - 1)]
-        for k in range(self.K - 1):   # each message: the sender's and the receiver's own time
+        # each message: the sender's and the receiver's own time (the partition search's partial bounds
+        # leave it out, so they stay lower bounds and the search stays exact)
+        for k in range(self.K - 1):
             if dev[k] != dev[k + 1]:
                 h = self.host(dev[k], dev[k + 1], cuts[k + 1])
                 fwd[k] += h        # F(k) sends its output, F(k + 1) receives it
