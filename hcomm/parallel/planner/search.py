@@ -20,6 +20,7 @@ on top) and sequence parallelism (a memory trade the cost model does not price y
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -34,6 +35,7 @@ class Candidate:
     plan: Optional[object] = None           # hcomm.parallel.Plan, None when the builder refused
     sim: Optional[Simulation] = None
     why_not: str = ""                        # the builder's refusal, or the ranks over budget
+    variant_of: str = ""                     # the label of the candidate this one restricts (fewer micro-batches)
 
     @property
     def step_s(self) -> float:
@@ -86,6 +88,17 @@ SMALL_EFFORT = Effort(max_nodes=5_000, most_counts=2)
 # micro-batches measured 740 ms, the deepest counts 850-960 ms).
 FEW = 8
 FEW_EFFORT = Effort(max_nodes=5_000)
+# A pipeline's micro-batch count is where the simulator errs most: below the micro-batch the profiles
+# were measured at, a piece's time comes from a line through two points (one sample and the profile's
+# micro-batch), and one-sample micro-batches measured 12-24 % above their prediction on the emulator,
+# micro-batches of the profile's size within 5 %.  Up to FEW devices a pipeline shape whose best plan
+# runs micro-batches smaller than the profiles' is therefore offered twice: that plan, and its best
+# with micro-batches at least the profiles' size, for the trial (``hcomm.train.trial``) to measure.
+
+
+def coarser(label: str, most: int) -> str:
+    """The label of ``label``'s variant of at most ``most`` micro-batches per replica."""
+    return f"{label}, at most {most} micro-batch{'es' if most > 1 else ''}"
 
 
 def _hourly(prices: Dict[str, float], devices: Sequence[str]) -> float:
@@ -124,18 +137,36 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
     boundary = boundary_bytes(dim, seq_len)
     candidates: List[Candidate] = []
 
-    def attempt(label: str, build) -> None:
+    def attempt(label: str, build, variant_of: str = "") -> Candidate:
         try:
             plan = build()
         except (ValueError, AssertionError) as error:   # the builder's own refusal: kept, with its words
-            candidates.append(Candidate(label, why_not=str(error).splitlines()[0][:300]))
-            return
+            candidates.append(Candidate(label, why_not=str(error).splitlines()[0][:300], variant_of=variant_of))
+            return candidates[-1]
         sim = simulate(plan, view, dim=dim)
         over = sim.over_budget()
         why = "" if not over else ", ".join(f"rank {r} needs {sim.memory_bytes[r] / 2**30:.2f} of "
                                             f"{sim.budget_bytes[r] / 2**30:.2f} GiB" for r in over[:3])
         plan.name = plan.name or label
-        candidates.append(Candidate(label, plan, sim, why))
+        candidates.append(Candidate(label, plan, sim, why, variant_of))
+        return candidates[-1]
+
+    def pipeline(label: str, build) -> None:
+        """``build(effort)``: the shape's best plan, then (up to FEW devices) its coarser variant."""
+        best = attempt(label, lambda: build(effort))
+        if effort is not FEW_EFFORT or best.plan is None:
+            return
+        counts = best.plan.samples_computed()
+        groups = best.plan.pipeline_groups()
+        most = max(g.micro_batches for g in groups)
+        rows = max(counts[g.ranks[0]] for g in groups)
+        measured = min(p.micro_batch for p in view.profiles)
+        cap = max(1, rows // measured)
+        if any(counts[g.ranks[0]] < measured * g.micro_batches for g in groups) and cap < most:
+            fewer = dataclasses.replace(effort, max_micro_batches=cap)
+            coarse = attempt(coarser(label, cap), lambda: build(fewer), variant_of=label)
+            if coarse.plan is not None:
+                coarse.plan.name = f"search {coarse.label}"
 
     for pp, tp in shapes(view.world_size, n_pieces, kv_heads, max_tp):
         if pp == 1 and tp == 1:
@@ -143,9 +174,8 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
         elif tp == 1:
             from hcomm.parallel.planner.pipeline import plan_pipeline
 
-            attempt(f"pp={pp}", lambda pp=pp: plan_pipeline(view, global_batch, seq_len, stages=pp,
-                                                            boundary=boundary, name=f"search pp={pp}",
-                                                            effort=effort))
+            pipeline(f"pp={pp}", lambda effort, pp=pp: plan_pipeline(
+                view, global_batch, seq_len, stages=pp, boundary=boundary, name=f"search pp={pp}", effort=effort))
         elif pp == 1:
             from hcomm.parallel.planner.tensor import plan_tensor
 
@@ -154,7 +184,7 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
         else:
             from hcomm.parallel.planner.pipeline_tensor import plan_pipeline_tensor
 
-            attempt(f"pp={pp} tp={tp}", lambda pp=pp, tp=tp: plan_pipeline_tensor(
+            pipeline(f"pp={pp} tp={tp}", lambda effort, pp=pp, tp=tp: plan_pipeline_tensor(
                 view, global_batch, seq_len, stages=pp, tp=tp, dim=dim, boundary=boundary,
                 name=f"search pp={pp} tp={tp}", effort=effort))
     hourly = _hourly(prices, view.devices) if prices else 1.0
