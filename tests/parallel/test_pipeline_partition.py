@@ -98,6 +98,36 @@ def test_interleaved_order_is_torchs():
             assert theirs == [tuple(a) for a in mine[r]], (p, v, m, r)
 
 
+def test_transfers_between_islands_share_the_uplinks_by_hand():
+    """GPipe, 4 one-stage ranks, 3 micro-batches, forward 1 s, backward and gradients free, 10 s per
+    activation.  Each ordered pair its own link: stage 2's sends (mb0 at 23 s) never wait -> 54 s.
+    Islands [A, B, A, B]: stage 0's and stage 2's sends both cross A -> B, so stage 2's mb0 (ready at
+    23 s) waits for stage 0's mb2 (on the uplink 21-31 s): 31-41, 41-51, 51-61; the last forward ends at 62."""
+    fwd, bwd, send, grad = [1.0] * 4, [0.0] * 4, [10.0] * 3, [0.0] * 3
+    assert sc.simulate(fwd, bwd, send, 3, "gpipe", 1, grad).step_s == 54.0
+    island = "ABAB"
+
+    def uplinks(src, dst):
+        return ((src, dst),) if island[src] == island[dst] else (("out", island[src]), ("in", island[dst]))
+
+    sim = sc.simulate(fwd, bwd, send, 3, "gpipe", 1, grad, channels=uplinks, timeline=True)
+    assert sim.step_s == 62.0
+    assert [sim.start_s[sc.Action("F", m, 3)] for m in range(3)] == [41.0, 51.0, 61.0]
+    # the lower bound ignores the sharing and stays below
+    assert sc.lower_bound(fwd, bwd, send, 3, "gpipe", 1, grad) <= 54.0
+
+
+def test_devices_of_different_islands_are_not_interchangeable():
+    """Equal devices in islands {0, 1} and {2}: 0 and 1 swap freely, 2 does not (its transfers take
+    the uplinks), unless the cost model has no shared links."""
+    profiles = [same_pieces(r, 4) for r in range(3)]
+    island = {0: 0, 1: 0, 2: 1}
+    costs = sc.PipelineCosts(profiles, 2, 1, links_of=lambda a, b: ((a, b),) if island[a] == island[b]
+                             else (("out", island[a]), ("in", island[b])))
+    assert sc.interchangeable(costs) == [[0, 1], [2]]
+    assert sc.interchangeable(sc.PipelineCosts(profiles, 2, 1)) == [[0, 1, 2]]
+
+
 def test_a_bad_order_is_reported_not_hung():
     orders = [[sc.Action("B", 0, 0), sc.Action("F", 0, 0)], [sc.Action("F", 0, 1), sc.Action("B", 0, 1)]]
     with pytest.raises(ValueError, match="deadlocks: rank 0 at Action.kind='B'"):
@@ -179,6 +209,9 @@ def clusters(draw, interleaved=False):
     sizes = [draw(st.integers(1, 3)) for _ in range(n - 1)]
     kw = dict(micro_batches=m, micro_batch=1, schedule=schedule, virtual_stages=v, boundary_bytes=sizes,
               link_s=lambda a, b, nbytes: latency[a, b] + per_byte * nbytes)
+    if draw(st.booleans()):   # islands whose transfers share the uplinks between them
+        island = {r: draw(st.integers(0, 1)) for r in range(10, 10 + p)}
+        kw["links_of"] = lambda a, b: ((a, b),) if island[a] == island[b] else (("out", island[a]), ("in", island[b]))
     return profiles, kw
 
 

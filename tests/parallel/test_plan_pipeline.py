@@ -361,3 +361,24 @@ def test_planner_does_not_mutate_and_plans_round_trip():
     plan = plan_pipeline(v, 16, 16, stages=2, boundary=BOUNDARY)
     assert v.profiles == before
     assert Plan.from_yaml(plan.to_yaml()) == plan
+
+
+@pytest.mark.parametrize("speeds", [[1.0, 1.0, 1.0, 1.0], [1.0, 0.997, 0.999, 0.998], [0.998, 1.0, 0.997, 0.999]])
+def test_replicas_across_two_islands_keep_each_stage_inside_one(speeds):
+    """Four devices of (nearly) equal speed in islands {0, 1} and {2, 3} joined by a slow link, two
+    replicas of two stages: whatever order the profiles' noise sorts them in, the groupings tried include
+    one replica per island pair and one per island, and the plan syncs every stage inside an island
+    (36 MiB of gradients over the 50 MB/s link would cost ~0.75 s; the activations crossing, ~KiB)."""
+    from hcomm.parallel.planner.pipeline import replica_groupings
+
+    v = view(speeds, islands=[[0, 1], [2, 3]])
+    groupings = [replicas for _, replicas in replica_groupings(v, 2, "auto")]
+    spans = [[len({v.island_of(r) for r in rep}) for rep in replicas] for replicas in groupings]
+    assert [2, 2] in spans and [1, 1] in spans, groupings
+    assert len({frozenset(map(frozenset, g)) for g in groupings}) == len(groupings)   # each tried once
+    plan = plan_pipeline(v, 16, 16, stages=2, boundary=BOUNDARY)
+    check_pipeline_plan(plan)
+    pipes = plan.pipeline_groups()
+    for pos in range(2):
+        assert len({v.island_of(g.ranks[pos]) for g in pipes}) == 1, [g.ranks for g in pipes]
+    assert all(len({v.island_of(r) for r in g.ranks}) == 2 for g in pipes)

@@ -140,6 +140,25 @@ def test_side_by_side_syncs_share_the_uplink_by_hand():
     assert sim.step_s == pytest.approx(0.75 * 0.72 + tp_calls * 1 * SEQ * DIM * 4 * 2 / 1e9 + sync + 0.01 * 0.75)
 
 
+def test_pipeline_transfers_across_islands_share_the_uplinks():
+    """Inside an island a transfer has its pair's link; across, the islands' uplinks (out of the sender's,
+    into the receiver's).  Replicas are simulated one at a time, so every replica spanning the same two
+    islands divides the uplink: two such replicas move 1000 bytes at the time of 2000 (inter link 1 ms,
+    100 MB/s: 1.02 ms), one alone at 1.01 ms; replicas inside their islands cross nothing."""
+    from hcomm.parallel.planner.pipeline import transfer_costs
+
+    v = view([1.0, 1.0, 1.0, 1.0], islands=[[0, 1], [2, 3]])
+    assert v.transfer_links(0, 1) == ((0, 1),) and v.transfer_links(1, 0) == ((1, 0),)
+    assert v.transfer_links(0, 2) == (("out", 0), ("in", 1)) and v.transfer_links(3, 1) == (("out", 1), ("in", 0))
+    both = transfer_costs(v, [[0, 2], [1, 3]])
+    assert both["link_s"](0, 2, 1000) == pytest.approx(1.02e-3, rel=1e-12)
+    assert both["link_s"](2, 0, 1000) == pytest.approx(1.02e-3, rel=1e-12)
+    assert both["link_s"](0, 1, 1000) == v.p2p_s(0, 1, 1000) == pytest.approx(1e-4 + 1e-6, rel=1e-12)
+    assert transfer_costs(v, [[0, 2]])["link_s"](0, 2, 1000) == pytest.approx(1.01e-3, rel=1e-12)
+    assert transfer_costs(v, [[0, 1], [2, 3]])["link_s"](0, 2, 1000) == pytest.approx(1.01e-3, rel=1e-12)
+    assert both["links_of"] == v.transfer_links and both["host_s"] == v.p2p_host_s
+
+
 def test_a_plan_that_does_not_fit_says_which_ranks():
     v = view([1.0, 1.0])
     v.profiles[1] = profile(1, budget=30 * MiB - 1)   # needs 20 MiB of state + 2 samples x 5 MiB

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from hcomm.parallel.pipeline.schedule_cost import (MiB, Action, HostTime, LinkTime, PipelineCosts, interchangeable,
+from hcomm.parallel.pipeline.schedule_cost import (MiB, Action, HostTime, LinkTime, LinksOf, PipelineCosts, interchangeable,
                                                    lower_bound, path_terms, prefix_sums, simulate)
 
 MAX_ORDER_DEVICES = 8
@@ -420,7 +420,7 @@ def _baseline_cuts(pb: PipelineCosts) -> List[List[int]]:
 
 def _result(pb: PipelineCosts, cuts: Sequence[int], devs: Sequence[int], label: str, simulated: int = 1) -> Partition:
     dev, fwd, bwd, cf, cb = pb.stage_costs(cuts, devs)
-    sim = simulate(fwd, bwd, cf, pb.M, pb.schedule, pb.v, cb, orders=pb.orders)
+    sim = simulate(fwd, bwd, cf, pb.M, pb.schedule, pb.v, cb, orders=pb.orders, channels=pb.channels(devs))
     stages = [StagePlan(k, pb.profiles[dev[k]].rank, pb.profiles[dev[k]].device, cuts[k], cuts[k + 1], fwd[k],
                         bwd[k], cf[k] if k < pb.K - 1 else 0.0,
                         pb.state[dev[k]][cuts[k + 1]] - pb.state[dev[k]][cuts[k]],
@@ -437,13 +437,15 @@ def partition(profiles: Sequence, *, micro_batches: int, micro_batch: int, sched
               virtual_stages: int = 1, boundary_bytes: Union[int, Sequence[int]] = 0,
               link_s: Optional[LinkTime] = None, budgets: Optional[Sequence[int]] = None,
               order: Optional[Sequence[int]] = None, max_nodes: int = MAX_NODES,
-              bound_only: bool = False, host_s: Optional[HostTime] = None) -> Partition:
+              bound_only: bool = False, host_s: Optional[HostTime] = None,
+              links_of: Optional[LinksOf] = None) -> Partition:
     """The fastest contiguous partition and device order (the module docstring says what is exact).
 
     ``profiles``: one ``DeviceProfile`` per stage device; ``micro_batch``: samples per micro-batch;
     ``boundary_bytes``: activation bytes per sample leaving piece j (one value, or one per cut);
     ``link_s(rank_a, rank_b, nbytes)``: seconds to send nbytes from a to b (None: free links);
-    ``host_s(nbytes)``: seconds each end of such a transfer spends on it (None: nothing);
+    ``host_s(rank_a, rank_b, nbytes)``: seconds each end of such a transfer spends on it (None: nothing);
+    ``links_of(rank_a, rank_b)``: the links such a transfer occupies (None: its own per ordered pair);
     ``budgets``: bytes per device (default: each profile's memory budget); ``order``: which device
     (index into ``profiles``) runs each pipeline position, instead of searching; ``max_nodes``: the
     search budget.
@@ -452,7 +454,7 @@ def partition(profiles: Sequence, *, micro_batches: int, micro_batch: int, sched
         raise ValueError(f"the device-order search is exhaustive and limited to {MAX_ORDER_DEVICES} devices, got "
                          f"{len(profiles)}: pass order=[...] to fix which device runs each pipeline position")
     pb = PipelineCosts(profiles, micro_batches, micro_batch, schedule, virtual_stages, boundary_bytes, link_s, budgets, order,
-                       host_s=host_s)
+                       host_s=host_s, links_of=links_of)
     search = _Search(pb, max_nodes, bound_only)
     search.linear() if pb.v == 1 else search.interleaved()
     if search.best is None:
@@ -470,12 +472,13 @@ def partition(profiles: Sequence, *, micro_batches: int, micro_batch: int, sched
 def evaluate(profiles: Sequence, cuts: Sequence[int], *, micro_batches: int, micro_batch: int, schedule: str = "1f1b",
              virtual_stages: int = 1, boundary_bytes: Union[int, Sequence[int]] = 0, link_s: Optional[LinkTime] = None,
              budgets: Optional[Sequence[int]] = None, order: Optional[Sequence[int]] = None,
-             label: str = "given", host_s: Optional[HostTime] = None) -> Partition:
+             label: str = "given", host_s: Optional[HostTime] = None,
+             links_of: Optional[LinksOf] = None) -> Partition:
     """The prediction for given cuts (``cuts[k]``: first piece of stage k, then the piece count) and device
     order (default: as listed).  Does not raise for memory: ``fits`` says whether it holds."""
     order = list(order) if order is not None else list(range(len(profiles)))
     pb = PipelineCosts(profiles, micro_batches, micro_batch, schedule, virtual_stages, boundary_bytes, link_s, budgets,
-                       order, check_memory=False, host_s=host_s)
+                       order, check_memory=False, host_s=host_s, links_of=links_of)
     cuts = list(cuts)
     if len(cuts) != pb.K + 1 or cuts[0] != 0 or cuts[-1] != pb.n or any(a >= b for a, b in zip(cuts, cuts[1:])):
         raise ValueError(f"cuts must rise from 0 to {pb.n} in {pb.K} non-empty stages, got {cuts}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
 from hcomm.parallel.pipeline.partition import MAX_NODES, Partition, partition
-from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, HostTime, LinkTime, check_schedule
+from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, HostTime, LinkTime, LinksOf, check_schedule
 
 
 @dataclass
@@ -57,7 +57,7 @@ def choose_schedule(profiles: Sequence, *, global_batch: int, schedules: Sequenc
                     boundary_bytes: Union[int, Sequence[int]] = 0, link_s: Optional[LinkTime] = None,
                     budgets: Optional[Sequence[int]] = None, order: Optional[Sequence[int]] = None,
                     max_nodes: int = MAX_NODES, bound_only: bool = False,
-                    host_s: Optional[HostTime] = None) -> ScheduleChoice:
+                    host_s: Optional[HostTime] = None, links_of: Optional[LinksOf] = None) -> ScheduleChoice:
     """The fastest (schedule, micro-batch count M, partition) over ``schedules`` (interleaved with each of
     ``virtual_stages``) and the M of ``counts`` (default every M <= ``max_micro_batches`` dividing
     ``global_batch``; a micro-batch is global_batch / M samples).  Ties go to less peak memory, then fewer micro-batches."""
@@ -73,7 +73,8 @@ def choose_schedule(profiles: Sequence, *, global_batch: int, schedules: Sequenc
                 try:
                     part = partition(profiles, micro_batches=m, micro_batch=global_batch // m, schedule=schedule,
                                      virtual_stages=v, boundary_bytes=boundary_bytes, link_s=link_s, budgets=budgets,
-                                     order=order, max_nodes=max_nodes, bound_only=bound_only, host_s=host_s)
+                                     order=order, max_nodes=max_nodes, bound_only=bound_only, host_s=host_s,
+                                     links_of=links_of)
                     trials.append(Trial(schedule, m, v, global_batch // m, part))
                 except ValueError as e:
                     trials.append(Trial(schedule, m, v, global_batch // m, None, str(e)))

@@ -14,7 +14,10 @@ input has arrived:
 A transfer starts when its producer ends and its link is free: each ordered
 pair of ranks is one first-in-first-out channel (full duplex: the two
 directions are separate), so a slow link carrying many micro-batches becomes
-the bottleneck it really is.  The wire is asynchronous (the producer goes on
+the bottleneck it really is; where ranks sit in islands, every transfer out of
+an island takes that island's uplink out and the other island's uplink in
+(``PipelineCosts`` with ``links_of``), which the pipeline's other transfers
+between the same islands share.  The wire is asynchronous (the producer goes on
 computing), but each end of a transfer spends some of its own time on it:
 ``PipelineCosts`` adds ``host_s(a, b, bytes)`` to an action for every message
 it sends or receives (a message's CPU work competes with the computation
@@ -56,7 +59,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
@@ -227,14 +230,17 @@ class Simulation:
 
 def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[float], micro_batches: int,
              schedule: str = "1f1b", virtual_stages: int = 1, grad_send_s: Optional[Sequence[float]] = None,
-             orders: Optional[Sequence[Sequence[Action]]] = None, timeline: bool = False) -> Simulation:
+             orders: Optional[Sequence[Sequence[Action]]] = None, timeline: bool = False,
+             channels: Optional[Callable[[int, int], Tuple[Hashable, ...]]] = None) -> Simulation:
     """Simulate one step.
 
     ``fwd_s[k]``/``bwd_s[k]``: seconds of one micro-batch on stage k (``len = ranks * virtual_stages``;
     stage k on rank ``k % ranks``).  ``send_s[k]``: seconds to move one micro-batch's activation from
     stage k to k+1; ``grad_send_s[k]`` the gradient back (default: the same).  ``orders`` replaces the
     schedule's own orders (the schedule then only names the rank count rule).  ``timeline`` keeps each
-    action's start and end.
+    action's start and end.  ``channels(src, dst)``: the links a transfer from rank src to rank dst
+    occupies, each carrying one transfer at a time in the order they are sent (default: its own link per
+    ordered pair; transfers between islands share the islands' uplinks, ``PipelineCosts.channels``).
     """
     stages = len(fwd_s)
     v = virtual_stages
@@ -253,7 +259,7 @@ def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[fl
     f_in: List[List[Optional[float]]] = [[0.0] * m] + [[None] * m for _ in range(stages - 1)]
     b_in: List[List[Optional[float]]] = [[None] * m for _ in range(stages)]
     f_end: List[List[Optional[float]]] = [[None] * m for _ in range(stages)]
-    channel_free: Dict[Tuple[int, int], float] = {}
+    channel_free: Dict[Hashable, float] = {}
     free, busy, pos = [0.0] * p, [0.0] * p, [0] * p
     starts: Dict[Action, float] = {}
     ends: Dict[Action, float] = {}
@@ -263,8 +269,11 @@ def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[fl
         if src == dst or seconds <= 0:
             target[mb] = ready
             return
-        begin = max(ready, channel_free.get((src, dst), 0.0))  # FIFO: the sender's order is the link's order
-        channel_free[(src, dst)] = target[mb] = begin + seconds
+        links = channels(src, dst) if channels is not None else ((src, dst),)
+        begin = max([ready] + [channel_free.get(c, 0.0) for c in links])  # FIFO: in the order they are sent
+        target[mb] = begin + seconds
+        for c in links:
+            channel_free[c] = target[mb]
 
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -374,6 +383,7 @@ def lower_bound(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence
 MiB = 1 << 20
 LinkTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds to send from a to b
 HostTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds either end spends on that message
+LinksOf = Callable[[int, int], Tuple[Hashable, ...]]   # (rank_a, rank_b) -> the links a transfer from a to b occupies
 
 
 class PipelineCosts:
@@ -391,7 +401,7 @@ class PipelineCosts:
     def __init__(self, profiles: Sequence, micro_batches: int, micro_batch: int, schedule: str = "1f1b",
                  virtual_stages: int = 1, boundary_bytes: Union[int, Sequence[int]] = 0, link_s: Optional[LinkTime] = None,
                  budgets: Optional[Sequence[int]] = None, order: Optional[Sequence[int]] = None, check_memory: bool = True,
-                 host_s: Optional[HostTime] = None):
+                 host_s: Optional[HostTime] = None, links_of: Optional[LinksOf] = None):
         p = len(profiles)
         if p < 1:
             raise ValueError("a pipeline needs at least one stage device")
@@ -420,6 +430,7 @@ class PipelineCosts:
         self.order = list(order) if order is not None else None
         self.link_fn = link_s or (lambda a, b, nbytes: 0.0)
         self.host_fn = host_s or (lambda a, b, nbytes: 0.0)
+        self.links_of = links_of
         self.orders = _orders(schedule, p, micro_batches, virtual_stages)
         self.peak = stage_in_flight(self.orders, K)        # per stage: micro-batches in flight at its peak
         self.f, self.b, self.state, self.act = [], [], [], []
@@ -500,13 +511,22 @@ class PipelineCosts:
         return [int(peaks[r]) + sum(self.state[devs[r]][cuts[k + 1]] - self.state[devs[r]][cuts[k]]
                                     for k in range(r, self.K, p)) for r in range(p)]
 
+    def channels(self, devs: Sequence[int]) -> Optional[Callable[[int, int], Tuple[Hashable, ...]]]:
+        """``simulate``'s channels for positions ``devs`` (None: one per ordered pair).  A lower bound that
+        ignores the sharing stays a lower bound: sharing links only delays transfers."""
+        if self.links_of is None:
+            return None
+        ranks = [self.profiles[d].rank for d in devs]
+        return lambda src, dst: self.links_of(ranks[src], ranks[dst])
+
     def bound(self, cuts: Sequence[int], devs: Sequence[int]) -> float:
         _, fwd, bwd, cf, cb = self.stage_costs(cuts, devs)
         return lower_bound(fwd, bwd, cf, self.M, self.schedule, self.v, cb)
 
     def simulate(self, cuts: Sequence[int], devs: Sequence[int]) -> float:
         _, fwd, bwd, cf, cb = self.stage_costs(cuts, devs)
-        return simulate(fwd, bwd, cf, self.M, self.schedule, self.v, cb, orders=self.orders).step_s
+        return simulate(fwd, bwd, cf, self.M, self.schedule, self.v, cb, orders=self.orders,
+                        channels=self.channels(devs)).step_s
 
 
 def prefix_sums(values: Sequence[float]) -> list:
@@ -520,12 +540,22 @@ def prefix_sums(values: Sequence[float]) -> list:
 def interchangeable(costs: PipelineCosts) -> List[List[int]]:
     """Classes of devices (indices into the profiles) any two of which can swap places in any
     pipeline without changing any cost: same per-piece costs and budget, same links to every other
-    device (and both ways between them).  Swaps compose, so each class is closed under them."""
+    device (and both ways between them), the same shared links to every other device (``links_of``:
+    two devices of one island, not one of each).  Swaps compose, so each class is closed under them."""
     link = costs.link
     byte_cuts = list({costs.boundary[j - 1]: j for j in range(1, costs.n)}.values())  # a cut per distinct size
+    rank = [q.rank for q in costs.profiles]
+
+    def shared(x: int, y: int):
+        """The links a transfer from device x to y shares with others (None: only its own pair's)."""
+        links = costs.links_of(rank[x], rank[y])
+        return None if links == ((rank[x], rank[y]),) else links
 
     def swappable(a: int, b: int) -> bool:
         if any(x[a] != x[b] for x in (costs.f, costs.b, costs.state, costs.act, costs.budget)):
+            return False
+        if costs.links_of is not None and any((shared(a, c), shared(c, a)) != (shared(b, c), shared(c, b))
+                                              for c in range(costs.p) if c not in (a, b)):
             return False
         return all(link(a, b, j) == link(b, a, j) and
                    all((link(a, c, j), link(c, a, j)) == (link(b, c, j), link(c, b, j))

@@ -34,6 +34,9 @@ from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
 from hcomm.parallel.planner.cost import side_by_side_allreduce_s
 
 SPLITS = ("auto", "uniform", "parameters")
+# Up to this many devices the replica groupings by island are tried beside those by speed (each grouping
+# is a full pipeline search: above it the joint search's time bar on 4,096 devices wins).
+ISLAND_GROUPINGS_UP_TO = 16
 MAX_MICRO_BATCHES = 16
 
 
@@ -99,10 +102,24 @@ def replica_groupings(view, stages: int, split: str) -> List[Tuple[str, List[Lis
         lap, j = divmod(i, count)
         mixed[j if lap % 2 == 0 else count - 1 - j].append(r)
     alike = [fastest[i * stages:(i + 1) * stages] for i in range(count)]
-    out = [("each replica the same mix of devices", [sorted(m) for m in mixed])]
-    if sorted(map(sorted, alike)) != sorted(map(sorted, out[0][1])):
-        out.append(("like devices together", [sorted(m) for m in alike]))
-    return out
+    out = [("each replica the same mix of devices", mixed), ("like devices together", alike)]
+    if len(view.islands) > 1 and world <= ISLAND_GROUPINGS_UP_TO:
+        # Where the islands are, not only the speeds: devices of equal speed in two islands fall into
+        # either grouping above by the noise of their profiles, and the two cost very differently -- a
+        # replica across the islands sends its activations over the uplinks, replicas inside islands
+        # sync their stages over them (two-islands, pp=2: 743 ms vs 1615 ms measured).
+        by_island = [sorted(m, key=fastest.index) for m in view.islands]
+        dealt = [r for turn in itertools.zip_longest(*by_island) for r in turn if r is not None]
+        packed = [r for m in by_island for r in m]
+        out += [("each replica across the islands", [dealt[i * stages:(i + 1) * stages] for i in range(count)]),
+                ("each replica inside an island", [packed[i * stages:(i + 1) * stages] for i in range(count)])]
+    seen, unique = set(), []
+    for label, replicas in out:
+        key = frozenset(frozenset(m) for m in replicas)
+        if key not in seen:
+            seen.add(key)
+            unique.append((label, [sorted(m) for m in replicas]))
+    return unique
 
 
 class _Replica:
@@ -200,8 +217,26 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
     return best
 
 
+def transfer_costs(view, replicas: Sequence[Sequence[int]]) -> dict:
+    """The pipeline cost model's link arguments for these replicas running side by side: each transfer's
+    seconds, its ends' host time and the links it occupies (``ClusterView.transfer_links``).  Replicas
+    are simulated one at a time, but every replica spanning the same two islands streams through the
+    same uplinks at once: a transfer between islands moves at its share of the uplink (its bytes times
+    the replicas crossing there; the latency once)."""
+    crossing: Dict[Tuple[int, int], int] = {}
+    for ranks in replicas:
+        islands = {view.island_of(r) for r in ranks}
+        for pair in itertools.permutations(sorted(islands), 2):
+            crossing[pair] = crossing.get(pair, 0) + 1
+
+    def link_s(a: int, b: int, nbytes: int) -> float:
+        return view.p2p_s(a, b, nbytes * crossing.get((view.island_of(a), view.island_of(b)), 1))
+
+    return dict(link_s=link_s, host_s=view.p2p_host_s, links_of=view.transfer_links)
+
+
 def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort: Effort = EXACT):
-    kw = dict(boundary_bytes=boundary, link_s=view.p2p_s, host_s=view.p2p_host_s)
+    kw = dict(boundary_bytes=boundary, **transfer_costs(view, [r for r, n in zip(replicas, rows) if n]))
     leader = max(range(len(replicas)), key=lambda i: rows[i])
     profiles = [view.profiles[r] for r in replicas[leader]]
     stages = len(replicas[leader])
@@ -237,6 +272,8 @@ def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, eff
         part = _best_for_cuts(view, ranks, rows[i], cuts, lead, schedule, micro_batches, fixed_order, memo=memo,
                               **kw)
         out.append(_Replica(ranks, rows[i], part, [ranks[d] for d in _order_of(part, ranks, view)]))
+    if split == "auto" and len(out) > 1 and len(view.islands) > 1 and view.world_size <= ISLAND_GROUPINGS_UP_TO:
+        out = _aligned_if_faster(view, out, leader, cuts, lead, schedule, micro_batches, kw)
     if split != "auto" and not all(r.part is None or r.part.fits for r in out):
         bad = next(r for r in out if r.part is not None and not r.part.fits)
         raise ValueError(f"the {split} split does not fit memory: " + "; ".join(
@@ -334,6 +371,47 @@ def _best_for_cuts(view, ranks, rows, cuts, lead, schedule, micro_batches, fixed
     if memo is not None:
         memo[key] = (list(ranks), best)
     return best
+
+
+def _aligned_if_faster(view, out: List[_Replica], leader: int, cuts, lead, schedule, micro_batches, kw):
+    """``out`` with every other replica in the leader's island pattern (position k on a rank of the
+    island the leader's position k is on, ``_island_like``), when that predicts a faster step.  Each
+    replica's own best order ignores the stage sync: two replicas across two islands, each fastest in
+    either direction, can put the stage replicas in different islands and sync over the uplink
+    (two-islands, pp=2: 884 ms of sync against 35 ms aligned)."""
+    aligned = list(out)
+    for i, r in enumerate(out):
+        if i == leader or r.part is None:
+            continue
+        order = _island_like(view, r.ranks, out[leader].order)
+        if order != r.order:
+            try:
+                part = _best_for_cuts(view, order, r.rows, cuts, lead, schedule, micro_batches, True, **kw)
+            except ValueError:
+                return out
+            aligned[i] = _Replica(order, r.rows, part, order)
+    if aligned == out:
+        return out
+
+    def total(replicas):
+        return max(x.step_s for x in replicas) + _stage_sync_s(view, replicas)
+
+    return aligned if total(aligned) < total(out) else out
+
+
+def _island_like(view, ranks: Sequence[int], pattern: Sequence[int]) -> List[int]:
+    """``ranks`` ordered like ``pattern``'s islands: at each position a rank of the island the pattern's
+    rank is on, of its piece costs where there is one (the rest after, in their order)."""
+    pool = list(ranks)
+    placed = []
+    for p in pattern:
+        same = [r for r in pool if view.island_of(r) == view.island_of(p)]
+        pick = next((r for r in same if view.profiles[r].layers is view.profiles[p].layers), None)
+        pick = pick if pick is not None else (same[0] if same else None)
+        placed.append(pick)
+        if pick is not None:
+            pool.remove(pick)
+    return [r if r is not None else pool.pop(0) for r in placed]
 
 
 def _order_of(part, ranks, view) -> List[int]:

@@ -128,10 +128,11 @@ def _tensor_memory(plan, view) -> List[int]:
 def _replicas(plan, view, pipes, dim: int):
     """Each pipeline's prediction (``pipeline._Replica``) from its ranks in order, cuts and schedule."""
     from hcomm.parallel.pipeline.partition import evaluate
-    from hcomm.parallel.planner.pipeline import _Replica, boundary_bytes, moved, replica_key
+    from hcomm.parallel.planner.pipeline import _Replica, boundary_bytes, moved, replica_key, transfer_costs
 
     out = []
     done = {}   # thousands of replicas of a few device patterns: each pattern simulated once
+    links = transfer_costs(view, [ranks for ranks, rows, _ in pipes if rows])
     for ranks, rows, g in pipes:
         if rows == 0:
             out.append(_Replica(list(ranks), 0, None, list(ranks)))
@@ -143,7 +144,7 @@ def _replicas(plan, view, pipes, dim: int):
             part = evaluate([view.profiles[r] for r in ranks], g.cuts, micro_batches=g.micro_batches,
                             micro_batch=rows // g.micro_batches, schedule=g.schedule,
                             virtual_stages=g.virtual_stages, boundary_bytes=boundary_bytes(dim, plan.seq_len),
-                            link_s=view.p2p_s, host_s=view.p2p_host_s)
+                            **links)
             done[key] = (list(ranks), part)
         out.append(_Replica(list(ranks), rows, part, list(ranks)))
     return out
