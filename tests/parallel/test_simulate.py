@@ -142,21 +142,29 @@ def test_side_by_side_syncs_share_the_uplink_by_hand():
 
 def test_pipeline_transfers_across_islands_share_the_uplinks():
     """Inside an island a transfer has its pair's link; across, the islands' uplinks (out of the sender's,
-    into the receiver's).  Replicas are simulated one at a time, so every replica spanning the same two
-    islands divides the uplink: two such replicas move 1000 bytes at the time of 2000 (inter link 1 ms,
-    100 MB/s: 1.02 ms), one alone at 1.01 ms; replicas inside their islands cross nothing."""
-    from hcomm.parallel.planner.pipeline import transfer_costs
+    into the receiver's), which the schedule's transfers share.  Replicas side by side share them too:
+    no step ends before the busiest uplink has carried every replica's bytes (``uplink_floor_s``)."""
+    from hcomm.parallel.pipeline.partition import evaluate
+    from hcomm.parallel.planner.pipeline import _Replica, transfer_costs, uplink_floor_s
 
     v = view([1.0, 1.0, 1.0, 1.0], islands=[[0, 1], [2, 3]])
     assert v.transfer_links(0, 1) == ((0, 1),) and v.transfer_links(1, 0) == ((1, 0),)
     assert v.transfer_links(0, 2) == (("out", 0), ("in", 1)) and v.transfer_links(3, 1) == (("out", 1), ("in", 0))
-    both = transfer_costs(v, [[0, 2], [1, 3]])
-    assert both["link_s"](0, 2, 1000) == pytest.approx(1.02e-3, rel=1e-12)
-    assert both["link_s"](2, 0, 1000) == pytest.approx(1.02e-3, rel=1e-12)
-    assert both["link_s"](0, 1, 1000) == v.p2p_s(0, 1, 1000) == pytest.approx(1e-4 + 1e-6, rel=1e-12)
-    assert transfer_costs(v, [[0, 2]])["link_s"](0, 2, 1000) == pytest.approx(1.01e-3, rel=1e-12)
-    assert transfer_costs(v, [[0, 1], [2, 3]])["link_s"](0, 2, 1000) == pytest.approx(1.01e-3, rel=1e-12)
-    assert both["links_of"] == v.transfer_links and both["host_s"] == v.p2p_host_s
+    assert transfer_costs(v) == dict(link_s=v.p2p_s, host_s=v.p2p_host_s, links_of=v.transfer_links)
+    # Two replicas [0, 2] and [1, 3] (stage 0 in island 0), 1F1B, 4 micro-batches of 2 samples of 1 MB:
+    # each replica sends 4 x 2 MB out of island 0 (activations) and 4 x 2 MB out of island 1 (gradients);
+    # at 100 MB/s (latency left out: the floor is occupancy) each uplink carries 2 x 8 MB = 0.16 s.
+    boundary = 10**6
+    replicas = []
+    for ranks in ([0, 2], [1, 3]):
+        part = evaluate([v.profiles[r] for r in ranks], [0, 2, 5], micro_batches=4, micro_batch=2,
+                        boundary_bytes=boundary, **transfer_costs(v))
+        replicas.append(_Replica(ranks, 8, part, ranks))
+    assert uplink_floor_s(v, replicas, boundary) == pytest.approx(0.16, rel=1e-12)
+    assert uplink_floor_s(v, replicas[:1], boundary) == pytest.approx(0.08, rel=1e-12)
+    inside = [_Replica(r, 8, evaluate([v.profiles[x] for x in r], [0, 2, 5], micro_batches=4, micro_batch=2,
+                                      boundary_bytes=boundary, **transfer_costs(v)), r) for r in ([0, 1], [2, 3])]
+    assert uplink_floor_s(v, inside, boundary) == 0.0
 
 
 def test_a_plan_that_does_not_fit_says_which_ranks():

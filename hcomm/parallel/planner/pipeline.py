@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 from hcomm.parallel.pipeline.partition import MAX_NODES, MAX_ORDER_DEVICES, evaluate, parameter_cuts, uniform_cuts
 from hcomm.parallel.pipeline.schedule_choice import ScheduleChoice, choose_schedule, micro_batch_counts
@@ -160,8 +160,9 @@ def plan_pipeline(view, global_batch: int, seq_len: int, *, stages: int, boundar
     lead = replicas[0].part
     plan.notes = [f"pipeline ({split} split): {len(replicas)} replica(s) of {stages} stages, {label}; "
                   f"rows {[r.rows for r in replicas]}; predicted step {step_s * 1e3:.0f} ms = slowest replica "
-                  f"{max(r.step_s for r in replicas) * 1e3:.0f} ms + stage gradient sync {sync_s * 1e3:.0f} ms "
-                  f"+ optimizer {opt_s * 1e3:.0f} ms",
+                  f"{max(r.step_s for r in replicas) * 1e3:.0f} ms (uplinks' load "
+                  f"{uplink_floor_s(view, replicas, boundary) * 1e3:.0f} ms) + stage gradient sync "
+                  f"{sync_s * 1e3:.0f} ms + optimizer {opt_s * 1e3:.0f} ms",
                   f"balanced ideal of replica 0 (every stage the same time: work split continuously by speed, "
                   f"free links, same schedule; uneven stages can beat it under interleaving): "
                   f"{balanced_ideal_s(view, replicas[0].order, lead) * 1e3:.0f} ms",
@@ -217,26 +218,43 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
     return best
 
 
-def transfer_costs(view, replicas: Sequence[Sequence[int]]) -> dict:
-    """The pipeline cost model's link arguments for these replicas running side by side: each transfer's
-    seconds, its ends' host time and the links it occupies (``ClusterView.transfer_links``).  Replicas
-    are simulated one at a time, but every replica spanning the same two islands streams through the
-    same uplinks at once: a transfer between islands moves at its share of the uplink (its bytes times
-    the replicas crossing there; the latency once)."""
-    crossing: Dict[Tuple[int, int], int] = {}
-    for ranks in replicas:
-        islands = {view.island_of(r) for r in ranks}
-        for pair in itertools.permutations(sorted(islands), 2):
-            crossing[pair] = crossing.get(pair, 0) + 1
+def transfer_costs(view) -> dict:
+    """The pipeline cost model's link arguments: each transfer's seconds, its ends' host time and the
+    links it occupies (``ClusterView.transfer_links``: between islands, the islands' uplinks)."""
+    return dict(link_s=view.p2p_s, host_s=view.p2p_host_s, links_of=view.transfer_links)
 
-    def link_s(a: int, b: int, nbytes: int) -> float:
-        return view.p2p_s(a, b, nbytes * crossing.get((view.island_of(a), view.island_of(b)), 1))
 
-    return dict(link_s=link_s, host_s=view.p2p_host_s, links_of=view.transfer_links)
+def uplink_floor_s(view, replicas, boundary: int) -> float:
+    """Seconds the busiest uplink needs per step for every replica's activations and gradients between
+    islands (bytes over bandwidth, no latency).  Each replica is simulated alone, its own transfers
+    sharing its uplinks; replicas side by side share them too, and no step ends before the uplinks have
+    carried all of it.  A floor, not a queue: at low load the replicas' transfers rarely meet (charging
+    each the bytes of all replicas crossing predicted mixed's pp=2 11 % high)."""
+    load: Dict[Hashable, float] = {}
+    for rep in replicas:
+        if rep.part is None:
+            continue
+        nbytes = boundary * rep.part.micro_batch
+        stages = rep.part.stages
+        for st, nxt in zip(stages, stages[1:]):
+            for a, b in ((st.rank, nxt.rank), (nxt.rank, st.rank)):
+                if view.island_of(a) != view.island_of(b):
+                    wire = (view.p2p_s(a, b, nbytes) - view.p2p_s(a, b, 0)) * rep.part.micro_batches
+                    for link in view.transfer_links(a, b):
+                        load[link] = load.get(link, 0.0) + wire
+    return max(load.values(), default=0.0)
+
+
+def replicas_step_s(view, replicas, boundary: int) -> Tuple[float, float, float, float]:
+    """(step, slowest replica or the uplinks' floor, stage gradient sync, optimizer) of replicas side by side."""
+    slowest = max(max(r.step_s for r in replicas), uplink_floor_s(view, replicas, boundary))
+    sync_s = _stage_sync_s(view, replicas) if len(replicas) > 1 else 0.0
+    opt_s = _optimizer_s(view, replicas)
+    return slowest + sync_s + opt_s, slowest, sync_s, opt_s
 
 
 def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort: Effort = EXACT):
-    kw = dict(boundary_bytes=boundary, **transfer_costs(view, [r for r, n in zip(replicas, rows) if n]))
+    kw = dict(boundary_bytes=boundary, **transfer_costs(view))
     leader = max(range(len(replicas)), key=lambda i: rows[i])
     profiles = [view.profiles[r] for r in replicas[leader]]
     stages = len(replicas[leader])
@@ -273,15 +291,13 @@ def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, eff
                               **kw)
         out.append(_Replica(ranks, rows[i], part, [ranks[d] for d in _order_of(part, ranks, view)]))
     if split == "auto" and len(out) > 1 and len(view.islands) > 1 and view.world_size <= ISLAND_GROUPINGS_UP_TO:
-        out = _aligned_if_faster(view, out, leader, cuts, lead, schedule, micro_batches, kw)
+        out = _aligned_if_faster(view, out, leader, cuts, lead, schedule, micro_batches, boundary, kw)
     if split != "auto" and not all(r.part is None or r.part.fits for r in out):
         bad = next(r for r in out if r.part is not None and not r.part.fits)
         raise ValueError(f"the {split} split does not fit memory: " + "; ".join(
             f"rank {st.rank} needs {m / 2**20:.0f} MiB of {b / 2**20:.0f} MiB"
             for st, m, b in zip(bad.part.stages, bad.part.memory_bytes, bad.part.budget_bytes) if m > b))
-    sync_s = _stage_sync_s(view, out) if len(replicas) > 1 else 0.0
-    opt_s = _optimizer_s(view, out)
-    step = max(r.step_s for r in out) + sync_s + opt_s
+    step, _, sync_s, opt_s = replicas_step_s(view, out, boundary)
     return step, out, choice, sync_s, opt_s
 
 
@@ -373,7 +389,7 @@ def _best_for_cuts(view, ranks, rows, cuts, lead, schedule, micro_batches, fixed
     return best
 
 
-def _aligned_if_faster(view, out: List[_Replica], leader: int, cuts, lead, schedule, micro_batches, kw):
+def _aligned_if_faster(view, out: List[_Replica], leader: int, cuts, lead, schedule, micro_batches, boundary, kw):
     """``out`` with every other replica in the leader's island pattern (position k on a rank of the
     island the leader's position k is on, ``_island_like``), when that predicts a faster step.  Each
     replica's own best order ignores the stage sync: two replicas across two islands, each fastest in
@@ -393,10 +409,7 @@ def _aligned_if_faster(view, out: List[_Replica], leader: int, cuts, lead, sched
     if aligned == out:
         return out
 
-    def total(replicas):
-        return max(x.step_s for x in replicas) + _stage_sync_s(view, replicas)
-
-    return aligned if total(aligned) < total(out) else out
+    return aligned if replicas_step_s(view, aligned, boundary)[0] < replicas_step_s(view, out, boundary)[0] else out
 
 
 def _island_like(view, ranks: Sequence[int], pattern: Sequence[int]) -> List[int]:

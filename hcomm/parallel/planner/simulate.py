@@ -132,7 +132,7 @@ def _replicas(plan, view, pipes, dim: int):
 
     out = []
     done = {}   # thousands of replicas of a few device patterns: each pattern simulated once
-    links = transfer_costs(view, [ranks for ranks, rows, _ in pipes if rows])
+    links = transfer_costs(view)
     for ranks, rows, g in pipes:
         if rows == 0:
             out.append(_Replica(list(ranks), 0, None, list(ranks)))
@@ -150,14 +150,12 @@ def _replicas(plan, view, pipes, dim: int):
     return out
 
 
-def _pipeline_totals(view, replicas):
-    from hcomm.parallel.planner.pipeline import _optimizer_s, _stage_sync_s
+def _pipeline_totals(view, replicas, boundary: int):
+    from hcomm.parallel.planner.pipeline import replicas_step_s
 
-    sync = _stage_sync_s(view, replicas) if len(replicas) > 1 else 0.0
-    opt = _optimizer_s(view, replicas)
-    slowest = max(r.step_s for r in replicas)
-    return slowest + sync + opt, (f"{(slowest + sync + opt) * 1e3:.0f} ms = slowest replica {slowest * 1e3:.0f} + "
-                                  f"stage gradient sync {sync * 1e3:.0f} + optimizer {opt * 1e3:.0f} ms")
+    step, slowest, sync, opt = replicas_step_s(view, replicas, boundary)
+    return step, (f"{step * 1e3:.0f} ms = slowest replica (or the uplinks' load) {slowest * 1e3:.0f} + "
+                  f"stage gradient sync {sync * 1e3:.0f} + optimizer {opt * 1e3:.0f} ms")
 
 
 def _stage_memory(replicas, members_of, world: int) -> List[int]:
@@ -176,16 +174,19 @@ def _stage_memory(replicas, members_of, world: int) -> List[int]:
 
 
 def _pipelines(plan, view, dim: int):
+    from hcomm.parallel.planner.pipeline import boundary_bytes
+
     counts = plan.batch_counts()
     leaders = plan.rows_leaders()
     pipes = [(g.ranks, counts[leaders[g.ranks[0]]], g) for g in plan.pipeline_groups()]
     replicas = _replicas(plan, view, pipes, dim)
-    step, account = _pipeline_totals(view, replicas)
+    step, account = _pipeline_totals(view, replicas, boundary_bytes(dim, plan.seq_len))
     return step, _stage_memory(replicas, lambda r: [(r, 1.0, 1.0)], plan.world_size), account
 
 
 def _pipeline_tensor(plan, view, dim: int):
     """Each TP group as one device; the pipelines of TP position 0 stand for their replicas."""
+    from hcomm.parallel.planner.pipeline import boundary_bytes
     from hcomm.parallel.planner.pipeline_tensor import group_view, member_activation_share
 
     groups = plan.tensor_groups()
@@ -201,7 +202,7 @@ def _pipeline_tensor(plan, view, dim: int):
             continue   # position k > 0: runs beside position 0 of its replica
         pipes.append(([index[group_of[r].name] for r in g.ranks], counts[leaders[g.ranks[0]]], g))
     replicas = _replicas(plan, grouped, pipes, dim)
-    step, account = _pipeline_totals(grouped, replicas)
+    step, account = _pipeline_totals(grouped, replicas, boundary_bytes(dim, plan.seq_len))
 
     def members(i):   # the group profile scales activations up (activation_scale): each member's share
         return [(r, f, member_activation_share(fractions[i], k)) for k, (r, f) in
