@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hcomm.parallel.pipeline import schedule_cost as sc
+from hcomm.parallel.pipeline.costs import PipelineCosts, interchangeable
 from hcomm.parallel.pipeline.partition import (evaluate, parameter_cuts, parameter_partition, partition,
                                                uniform_cuts, uniform_partition)
 from hcomm.parallel.pipeline.schedule_choice import choose_schedule
@@ -122,10 +123,10 @@ def test_devices_of_different_islands_are_not_interchangeable():
     the uplinks), unless the cost model has no shared links."""
     profiles = [same_pieces(r, 4) for r in range(3)]
     island = {0: 0, 1: 0, 2: 1}
-    costs = sc.PipelineCosts(profiles, 2, 1, links_of=lambda a, b: ((a, b),) if island[a] == island[b]
+    costs = PipelineCosts(profiles, 2, 1, links_of=lambda a, b: ((a, b),) if island[a] == island[b]
                              else (("out", island[a]), ("in", island[b])))
-    assert sc.interchangeable(costs) == [[0, 1], [2]]
-    assert sc.interchangeable(sc.PipelineCosts(profiles, 2, 1)) == [[0, 1, 2]]
+    assert interchangeable(costs) == [[0, 1], [2]]
+    assert interchangeable(PipelineCosts(profiles, 2, 1)) == [[0, 1, 2]]
 
 
 def test_a_bad_order_is_reported_not_hung():

@@ -1,6 +1,6 @@
 """Pipeline partitioning: which pieces each stage runs, and which device runs each stage.
 
-Costs come from ``schedule_cost.PipelineCosts`` (one ``DeviceProfile`` per
+Costs come from ``costs.PipelineCosts`` (one ``DeviceProfile`` per
 stage device, link times, activation bytes per cut, memory budgets).
 
 What is exact: ``partition`` searches ALL contiguous partitions (every stage
@@ -23,7 +23,7 @@ the most an unexplored partition could be faster.
   by water-filling the remaining pieces' least work over the ranks: weaker,
   and big cases (many one-piece stages) may end on the budget.
 
-Interchangeable devices (``schedule_cost.interchangeable``) form a class, so
+Interchangeable devices (``costs.interchangeable``) form a class, so
 equivalent orders are searched once.
 """
 from __future__ import annotations
@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from hcomm.parallel.pipeline.schedule_cost import (MiB, Action, HostTime, LinkTime, LinksOf, PipelineCosts, interchangeable,
-                                                   lower_bound, path_terms, prefix_sums, simulate)
+from hcomm.parallel.pipeline.costs import (MiB, HostTime, LinkTime, LinksOf, PipelineCosts, interchangeable,
+                                           prefix_sums)
+from hcomm.parallel.pipeline.schedule_cost import Action, lower_bound, path_terms, simulate
 
 MAX_ORDER_DEVICES = 8
 MAX_NODES = 200_000   # search budget, subtrees expanded: 10-20 s of pure Python at the worst

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
 from hcomm.parallel.pipeline.partition import MAX_NODES, Partition, partition
-from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, HostTime, LinkTime, LinksOf, check_schedule
+from hcomm.parallel.pipeline.costs import HostTime, LinkTime, LinksOf
+from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, check_schedule
 
 
 @dataclass
