@@ -24,7 +24,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(argv or [])
     if "--offline" in argv:
         return offline(argv)
-    from hcomm.train.cli import main as train_main
+    from hcomm.train.cli import main as train_main, parse
+
+    if "-h" in argv or "--help" in argv:   # train's options, under plan's name (exits, as argparse does)
+        print("hcomm plan: the plan hcomm train would run, its predicted step time and what it beat, without "
+              "training; it takes hcomm train's options below.  A cluster that is not here: "
+              "hcomm plan --offline --help.\n")
+        parse(["--help"], prog="hcomm plan")
 
     if not any(a == "--plan" or a.startswith("--plan=") for a in argv):
         argv += ["--plan", "auto"]

@@ -195,3 +195,14 @@ def test_tensor_parallel_plan_that_cannot_split_the_model_is_refused_when_planne
         make_plans(parse(["--model", "tiny", "--tp", "8", "--plan", "auto"]), _view(8))
     assert "4 key/value heads make 4 units of 1: fewer than the 8 TP ranks, so a rank would hold none" \
         in str(info.value)
+
+
+def test_plan_help_names_plan_and_its_offline_mode(capsys):
+    from hcomm.train.plan_cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    assert out.startswith("hcomm plan: the plan hcomm train would run") and "hcomm plan --offline --help" in out
+    assert "usage: hcomm plan " in out and "usage: hcomm train" not in out and "--cluster CLUSTER" in out
