@@ -406,9 +406,8 @@ def _aligned_if_faster(view, out: List[_Replica], leader: int, cuts, lead, sched
             except ValueError:
                 return out
             aligned[i] = _Replica(order, r.rows, part, order)
-    if aligned == out:
+    if aligned == out:   # (by identity: nothing was re-ordered)
         return out
-
     return aligned if replicas_step_s(view, aligned, boundary)[0] < replicas_step_s(view, out, boundary)[0] else out
 
 
