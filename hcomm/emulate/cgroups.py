@@ -8,9 +8,16 @@ the busiest core's ranks fit in its 80% (at most 1.0: speed 1.0 never gets
 more than a whole core), and a rank's ``cpu.cfs_quota_us = speed * scale *
 period``.  ``check`` prints the scale.
 
-Why a 10 ms period (default 100 ms): a rank throttled to 0.4 core would run
-40 ms and then stall 60 ms, which a collective sees as a 60 ms hiccup; with
-10 ms the stall is 6 ms, closer to a uniformly slower device.
+Why a 4 ms period (default 100 ms): a quota is spent at a whole core's
+speed, so a rank that waited (for a collective, a pipeline transfer) runs
+its next piece of work at full speed until the period's quota is gone -- a
+device that is fast after every pause, which no GPU is.  Measured on the
+dev box (a 0.16-core quota, 8 ms of single-core work after 100 ms idle vs
+back to back): 7.6 vs 46 ms with a 32 ms period (6x faster after idle),
+38 vs 47 ms with 6.25 ms.  What remains is the kernel's accounting lag (a
+tick, 7-10 ms of work ahead before the throttle catches up), which no
+period removes.  Shorter than 4 ms buys little and costs a timer per rank
+per period.
 
 Pinning.  Each rank is pinned (cpuset) to one core, chosen greedily so the
 quotas on every core add up to at most the core's budget; a rank's quota
@@ -40,8 +47,8 @@ from hcomm.settings import declare
 
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("cpu", "memory", "cpuset")
-PERIOD_US = 10_000
-MIN_QUOTA_US = 5_000
+PERIOD_US = 4_000
+MIN_QUOTA_US = 1_000    # the kernel refuses less
 CORE_BUDGET = 0.8
 MAX_RANK_SHARE = 0.5
 
@@ -151,8 +158,8 @@ def calibrate(run_id: str, rank: int, cache_dir: str) -> Calibration:
         if worth < 0.75 * len(cores):
             use = cores[: max(1, int(worth + 0.25))]
     path = rank_path("cpu", run_id, rank)
-    _write(os.path.join(path, "cpu.cfs_period_us"), PERIOD_US)
-    _write(os.path.join(path, "cpu.cfs_quota_us"), PERIOD_US // 5)
+    _write(os.path.join(path, "cpu.cfs_period_us"), 10 * MIN_QUOTA_US)  # a 0.2-core quota of 2 ms
+    _write(os.path.join(path, "cpu.cfs_quota_us"), 2 * MIN_QUOTA_US)
     # Start late enough that interpreter start-up under the quota is over.
     limited = probe_rate(compute_probe(0.4, time.time() + 1.0, cgroup=(run_id, rank)))
     clock = min(5.0, max(0.2, (limited / max(1, solo)) / 0.2))
@@ -188,9 +195,10 @@ def plan_cpu(speeds: Dict[int, float], cores: Optional[Sequence[int]] = None,
     # measured on the 2-rank CI spec: 0.5 came out as 0.81.
     scale = min(MAX_RANK_SHARE, CORE_BUDGET / max(load.values())) * min(1.0, clock)
     share = {r: s * scale / clock for r, s in speeds.items()}  # of a core's task clock
-    # Quotas much under 5 ms (the CFS bandwidth slice, about a tick) are
-    # enforced coarsely -- measured: a 1 ms quota gave 2/3 of its share -- and
-    # the kernel refuses any under 1 ms; so lengthen the period instead.
+    # The kernel refuses a quota under 1 ms; lengthen the period instead.
+    # (A 1 ms quota once gave 2/3 of its share on a VM whose task clock ran
+    # 1.7x slow; on the dev box a 1 ms quota per 4 ms gave 0.265 of a core
+    # for 0.25, and retune.py corrects what a quota buys where it runs.)
     period = PERIOD_US
     smallest = min(share.values())
     if smallest * period < MIN_QUOTA_US:
