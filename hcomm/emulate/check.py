@@ -6,7 +6,10 @@ of both uplinks' one-way latency).  For all ranks at once, each in its own
 cgroup: a fixed single-thread loop for a few seconds; the measured ratio
 ``iterations / fastest rank's iterations`` must be within 20% of
 ``speed / fastest speed`` (ranks compete for the cores exactly as in a job, so
-this is the ratio a job sees).  For every rank: allocating 125% of its
+this is the ratio a job sees).  Then, all ranks at once again, 40 ms of
+each rank's sustained work right after a 50 ms sleep must take at least
+``1 - PAUSE_TOL`` of its back-to-back time: a device is no faster after a
+wait, a CPU quota is (see ``cgroups``).  For every rank: allocating 125% of its
 memory must get it OOM-killed and reported as "rank N exceeded its X GiB
 emulated memory".  Exit status 1 when any row is outside tolerance.
 """
@@ -27,6 +30,7 @@ from hcomm.emulate.cluster import Cluster, _env_with_hcomm
 from hcomm.emulate.units import fmt_bandwidth, fmt_latency, fmt_memory
 
 BW_TOL, LAT_TOL, SPEED_TOL = 0.15, 0.20, 0.20
+PAUSE_TOL, PAUSE_PIECE_S = 0.35, 0.04
 _PORT = 47811
 
 
@@ -123,6 +127,21 @@ def check_compute(cluster: Cluster, seconds: float = 3.0) -> Tuple[List[Row], st
     return rows, cluster.cpu_plan.describe()
 
 
+def check_pause(cluster: Cluster, seconds: float = 1.0) -> List[Row]:
+    spec = cluster.spec
+    start = time.time() + 1.5
+    procs = [(r, _probe(cluster, next(n.index for n in spec.nodes if n.name == r.node),
+                        ["pause", repr(start), repr(seconds), repr(PAUSE_PIECE_S)], rank=r.rank, wait=False))
+             for r in spec.ranks]
+    rows = []
+    for r, proc in procs:
+        ratio = _result(proc)[1].get("ratio", 0.0)
+        rows.append(Row(f"after a pause rank {r.rank}", "1.00x the time",
+                        f"{ratio:.2f}x ({PAUSE_PIECE_S * 1e3:.0f} ms of work after 50 ms idle)",
+                        ratio >= 1 - PAUSE_TOL, ratio - 1))
+    return rows
+
+
 def check_memory(cluster: Cluster) -> List[Row]:
     rows = []
     for r in cluster.spec.ranks:
@@ -143,7 +162,7 @@ def run_check(spec, out=sys.stdout) -> Tuple[List[Row], str]:
     with Cluster(spec) as cluster:
         rows = check_links(cluster)
         speed_rows, scale = check_compute(cluster)
-        rows += speed_rows + check_memory(cluster)
+        rows += speed_rows + check_pause(cluster) + check_memory(cluster)
     return rows, scale
 
 
@@ -172,6 +191,6 @@ def markdown(spec, rows: List[Row], scale: str) -> str:
         f"# hcomm emulate check: `{spec.name}` ({time.strftime('%Y-%m-%d')})", "",
         f"{spec.description}", "", machine(), f"- CPU scale: {scale}",
         f"- tolerances: bandwidth ±{BW_TOL:.0%}, latency ±{LAT_TOL:.0%}, "
-        f"speed ratio ±{SPEED_TOL:.0%}", "",
+        f"speed ratio ±{SPEED_TOL:.0%}, work after a pause at least {1 - PAUSE_TOL:.2f}x its time", "",
         f"Result: **{'all within tolerance' if ok else 'OUTSIDE TOLERANCE'}**", "",
         table(rows), ""])

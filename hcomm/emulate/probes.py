@@ -16,6 +16,9 @@ Stdlib only, and run as a file (``bootstrap.probe_command``), not through
 the ``hcomm.emulate`` package: importing that costs 0.2 s of CPU, which is
 seconds of wall time inside a small CPU quota.
   alloc NBYTES              touch NBYTES of memory in 32 MiB steps
+  pause START SECONDS PIECE_S  the loop's sustained rate for SECONDS, then
+                            pieces of PIECE_S of sustained work, each after
+                            a 50 ms sleep: their median time / PIECE_S
 """
 from __future__ import annotations
 
@@ -124,6 +127,34 @@ def compute(start: float, seconds: float) -> dict:
             "rate": iters / measured}
 
 
+def _spin(iters: int) -> None:
+    x = 1
+    for _ in range(iters):
+        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+
+
+def pause(start: float, seconds: float, piece_s: float) -> dict:
+    """How much faster a rank runs right after it waited than back to back.
+
+    A GPU computes at one speed whether or not it idled before; a CPU quota
+    is spent at a whole core's speed, so the first work after a wait runs
+    fast until the period's quota (and the kernel's accounting lag) is used
+    up.  Back-to-back work gives the sustained rate; then pieces sized to
+    ``piece_s`` at that rate, each after a sleep: 1.0 is a device without
+    bursts, 0.25 one that runs 4x its speed after every wait.
+    """
+    rate = compute(start, seconds)["rate"]
+    iters = max(2000, int(rate * piece_s))
+    ratios = []
+    for _ in range(15):
+        time.sleep(0.05)
+        t = time.perf_counter()
+        _spin(iters)
+        ratios.append((time.perf_counter() - t) / piece_s)
+    ratios.sort()
+    return {"rate": rate, "ratio": ratios[len(ratios) // 2]}
+
+
 def alloc(nbytes: int) -> dict:
     held = []
     step = 32 << 20
@@ -146,6 +177,8 @@ def main(argv: List[str]) -> int:
         result = ping(args[0], int(args[1]), int(args[2]))
     elif mode == "compute":
         result = compute(float(args[0]), float(args[1]))
+    elif mode == "pause":
+        result = pause(float(args[0]), float(args[1]), float(args[2]))
     elif mode == "alloc":
         result = alloc(int(args[0]))
     else:

@@ -16,7 +16,7 @@ held at the end values outside.  The model keeps the shape (which algorithm at w
 grows with bytes); the measurement sets the level.
 
 Why a mean over a window, not a median of a few calls: an emulated rank's CPU quota is enforced per
-10 ms period, so a short call either fits in the period's budget (fast) or waits for the next one (slow):
+period (4-7 ms), so a short call either fits in the period's budget (fast) or waits for the next one (slow):
 a median of three calls landed anywhere between the two (corrections of 8-50x in an earlier attempt).
 Calls back to back for at least ``WINDOW_S`` span many periods, and their mean is what a call adds to a
 training step on that rank.  Every rank of a group runs the same number of calls (agreed first: a

@@ -36,7 +36,7 @@ GiB = 1 << 30
 ADAMW_STATE_BYTES = 8   # exp_avg + exp_avg_sq, fp32, per parameter
 MIN_ROUNDS = 3
 # Time at least this long before stopping early: a mean over many of the
-# emulator's 10 ms CFS periods (hcomm.emulate.cgroups) includes the throttling.
+# emulator's 4-7 ms CFS periods (hcomm.emulate.cgroups) includes the throttling.
 MIN_TIMED_S = 0.25
 PRECISION = 0.02        # stop once the standard error of the mean round is below this fraction
 
