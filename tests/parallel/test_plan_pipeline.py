@@ -3,6 +3,8 @@ round trip of a 2-replica plan, and the pipeline planner on synthetic profiles. 
 import copy
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hcomm.parallel.cluster import ClusterView
 from hcomm.parallel.plan import GroupPlan, Plan, PlanError, RankPlan
@@ -382,3 +384,49 @@ def test_replicas_across_two_islands_keep_each_stage_inside_one(speeds):
     for pos in range(2):
         assert len({v.island_of(g.ranks[pos]) for g in pipes}) == 1, [g.ranks for g in pipes]
     assert all(len({v.island_of(r) for r in g.ranks}) == 2 for g in pipes)
+
+
+def test_the_leaders_micro_batch_count_is_chosen_for_the_whole_grouping():
+    """Two replicas of two stages, each across two islands, 8 rows each: the leader alone is fastest at
+    8 micro-batches (the grouping then predicts 10.996 s); its best at 2 micro-batches gives the whole
+    grouping 10.211 s.  Trying the leader's best per micro-batch count for the whole finds it."""
+    from hcomm.parallel.planner.pipeline import Effort, _predict, replica_groupings
+
+    v = view([0.5, 0.5, 0.5, 0.25], islands=[[0, 1], [2, 3]])
+    replicas = dict(replica_groupings(v, 2, "auto"))["each replica across the islands"]
+    assert replicas == [[0, 2], [1, 3]]
+    alone = _predict(v, replicas, [8, 8], BOUNDARY, "auto", None, None, Effort(leads=1))
+    whole = _predict(v, replicas, [8, 8], BOUNDARY, "auto", None, None)
+    assert [r.part.micro_batches for r in alone[1]] == [8, 8] and alone[0] == pytest.approx(10.996, abs=1e-3)
+    assert [r.part.micro_batches for r in whole[1]] == [2, 2] and whole[0] == pytest.approx(10.2113, abs=1e-4)
+    assert whole[2].best.micro_batches == 2   # the choice reported is the one taken
+
+
+def test_equal_rows_are_tried_beside_rows_by_speed():
+    """Three replicas of two stages (uneven's devices): rows by speed (8, 5, 11) leave the leader 11 rows,
+    which only 1 or 11 micro-batches divide (5.345 s); equal rows, 8 each, run 8 micro-batches (4.259 s)."""
+    from hcomm.parallel.planner.pipeline import Effort
+
+    v = view([1.0, 1.0, 1.0, 0.5, 0.5, 0.75], islands=[[0, 1, 2], [3, 4], [5]])
+    alone = plan_pipeline(v, 24, 16, stages=2, boundary=BOUNDARY, effort=Effort(leads=1))
+    plan = plan_pipeline(v, 24, 16, stages=2, boundary=BOUNDARY)
+    check_pipeline_plan(plan)
+    assert [alone.batch_counts()[g.ranks[0]] for g in alone.pipeline_groups()] == [8, 5, 11]
+    assert alone.predicted_step_s == pytest.approx(5.3449, abs=1e-4)
+    assert [plan.batch_counts()[g.ranks[0]] for g in plan.pipeline_groups()] == [8, 8, 8]
+    assert [g.micro_batches for g in plan.pipeline_groups()] == [8, 8, 8]
+    assert plan.predicted_step_s == pytest.approx(4.2586, abs=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(speeds=st.lists(st.sampled_from([1.0, 0.75, 0.5, 0.25]), min_size=4, max_size=6).filter(
+           lambda s: len(s) % 2 == 0),
+       split_islands=st.booleans(), batch=st.sampled_from([8, 12, 16, 24]))
+def test_trying_more_leads_never_predicts_slower(speeds, split_islands, batch):
+    from hcomm.parallel.planner.pipeline import Effort
+
+    n = len(speeds)
+    v = view(speeds, islands=[list(range(n // 2)), list(range(n // 2, n))] if split_islands else None)
+    alone = plan_pipeline(v, batch, 16, stages=2, boundary=BOUNDARY, effort=Effort(leads=1))
+    whole = plan_pipeline(v, batch, 16, stages=2, boundary=BOUNDARY)
+    assert whole.predicted_step_s <= alone.predicted_step_s * (1 + 1e-12)

@@ -145,7 +145,14 @@ class PipelineCosts:
         if self.links_of is None:
             return None
         ranks = [self.profiles[d].rank for d in devs]
-        return lambda src, dst: self.links_of(ranks[src], ranks[dst])
+        memo: Dict[Tuple[int, int], Tuple[Hashable, ...]] = {}   # a simulation asks per transfer, p^2 pairs
+
+        def links(src: int, dst: int) -> Tuple[Hashable, ...]:
+            key = (src, dst)
+            if key not in memo:
+                memo[key] = self.links_of(ranks[src], ranks[dst])
+            return memo[key]
+        return links
 
     def bound(self, cuts: Sequence[int], devs: Sequence[int]) -> float:
         _, fwd, bwd, cf, cb = self.stage_costs(cuts, devs)

@@ -17,7 +17,9 @@ Splits (``split``):
 
 Replicas of a stage must hold the same pieces (their gradients are all-reduced position by
 position), so one replica (the leader) chooses the cuts and the others take the best device order
-and micro-batch count for those cuts.
+and micro-batch count for those cuts.  The leader's fastest plan alone is not always the grouping's
+(the others run its cuts on other devices and all share uplinks and stage sync), so its best plan per
+micro-batch count (``LEADS``) is tried for the whole grouping.
 """
 from __future__ import annotations
 
@@ -38,6 +40,13 @@ SPLITS = ("auto", "uniform", "parameters")
 # is a full pipeline search: above it the joint search's time bar on 4,096 devices wins).
 ISLAND_GROUPINGS_UP_TO = 16
 MAX_MICRO_BATCHES = 16
+# With several replicas the leader's own fastest plan is not the grouping's: the others take its cuts and
+# micro-batch count on other devices, and all share the uplinks and the stage sync.  On `uneven` (3
+# replicas of 2 stages) the leader's best ran 8 micro-batches of 1 and the grouping predicted 1683 ms; its
+# best at 2 micro-batches of 4 gave the grouping 1373 ms (auto@pp=2 measured 1240).  So the leader's best
+# plan per micro-batch count, up to LEADS of them within LEAD_WITHIN of its best, is tried for the whole.
+LEADS = 4
+LEAD_WITHIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class Effort:
     bound_only: bool = False   # rank partitions by their proven lower bound, simulate only the best
     follow_leader: bool = False   # other replicas take the leader's device order by class (no order search)
     refine_rows: bool = True      # predict again with rows inverse to each replica's predicted time per row
+    leads: int = LEADS            # the leader's best plans (one per micro-batch count) tried for the whole grouping
 
     def counts(self, rows: int, stages: int) -> Optional[List[int]]:
         if not self.most_counts:
@@ -201,20 +211,32 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
         weights = [sum(rank_speed(view.profiles[r]) for r in ranks) for ranks in replicas]
     else:
         weights = [1.0] * len(replicas)
-    rows = [n * unit for n in apportion(weights, global_batch // unit)]
+    starts = [[n * unit for n in apportion(weights, global_batch // unit)]]
+    if split == "auto" and len(replicas) > 1 and effort.leads > 1 and global_batch % (unit * len(replicas)) == 0:
+        # Equal rows as a second start: rows by speed can be counts no good micro-batch count divides (uneven,
+        # 3 replicas of 2 stages: rows 8, 7, 9 left the leader 1, 3 or 9 micro-batches, 5.03 s on the test
+        # view; equal rows let it run 2 of 4, 4.47 s).
+        starts.append([global_batch // len(replicas)] * len(replicas))
     best = None
-    for _ in range(2 if split == "auto" and len(replicas) > 1 and effort.refine_rows else 1):
-        result = _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort)
-        if best is None or result[0] < best[0]:
-            best = result
-        # rows inverse to the predicted time per row, then predict again
-        per_row = [r.step_s / r.rows if r.rows else 0.0 for r in result[1]]
-        speed = [1.0 / t if t and math.isfinite(t) else 0.0 for t in per_row]
-        if not sum(speed) > 0:
-            # no replica predicted a finite time for its rows (e.g. one has none and the other's
-            # pieces do not fit): nothing to re-split by; keep the first prediction
-            break
-        rows = [n * unit for n in apportion(speed, global_batch // unit)]
+    choices: Dict[tuple, ScheduleChoice] = {}
+    # Each way of choosing the leader's plan refines the rows from its own first prediction (the rows it
+    # re-splits to differ), so the leader's best alone is kept as a path of its own: trying more leads
+    # never ends slower than trying one.
+    for leads, first in itertools.product(sorted({1, effort.leads if len(replicas) > 1 else 1}), starts):
+        rows = first
+        for _ in range(2 if split == "auto" and len(replicas) > 1 and effort.refine_rows else 1):
+            result = _predict(view, replicas, rows, boundary, split, schedule, micro_batches,
+                              dataclasses.replace(effort, leads=leads), choices)
+            if best is None or result[0] < best[0]:
+                best = result
+            # rows inverse to the predicted time per row, then predict again
+            per_row = [r.step_s / r.rows if r.rows else 0.0 for r in result[1]]
+            speed = [1.0 / t if t and math.isfinite(t) else 0.0 for t in per_row]
+            if not sum(speed) > 0:
+                # no replica predicted a finite time for its rows (e.g. one has none and the other's
+                # pieces do not fit): nothing to re-split by; keep the first prediction
+                break
+            rows = [n * unit for n in apportion(speed, global_batch // unit)]
     return best
 
 
@@ -253,7 +275,9 @@ def replicas_step_s(view, replicas, boundary: int) -> Tuple[float, float, float,
     return slowest + sync_s + opt_s, slowest, sync_s, opt_s
 
 
-def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort: Effort = EXACT):
+def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort: Effort = EXACT,
+             choices: Optional[Dict[tuple, ScheduleChoice]] = None):
+    """``choices``: the leader's schedule choices already made, by (its ranks, its rows)."""
     kw = dict(boundary_bytes=boundary, **transfer_costs(view))
     leader = max(range(len(replicas)), key=lambda i: rows[i])
     profiles = [view.profiles[r] for r in replicas[leader]]
@@ -262,22 +286,59 @@ def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, eff
     if split == "auto":
         order = list(range(stages)) if stages > MAX_ORDER_DEVICES else None
         if micro_batches is None:
-            choice = choose_schedule(profiles, global_batch=rows[leader], max_micro_batches=effort.max_micro_batches,
-                                     schedules=[schedule] if schedule else effort.schedules, order=order,
-                                     max_nodes=effort.max_nodes, counts=effort.counts(rows[leader], stages),
-                                     bound_only=effort.bound_only, **kw)
-            lead = choice.best
+            key = (tuple(replicas[leader]), rows[leader])
+            choice = (choices or {}).get(key) or choose_schedule(
+                profiles, global_batch=rows[leader], max_micro_batches=effort.max_micro_batches,
+                schedules=[schedule] if schedule else effort.schedules, order=order, max_nodes=effort.max_nodes,
+                counts=effort.counts(rows[leader], stages), bound_only=effort.bound_only, **kw)
+            if choices is not None:
+                choices[key] = choice
+            leads = _leads(choice, effort.leads if len(replicas) > 1 else 1)
         else:
-            lead = _pinned_partition(profiles, rows[leader], micro_batches, schedule, order=order,
-                                     max_nodes=effort.max_nodes, **kw)
-        cuts = lead.cuts
-    else:
-        sched = schedule or "1f1b"
-        v = 2 if sched == "interleaved-1f1b" else 1
-        n = len(profiles[0].layers)
-        cuts = uniform_cuts(n, stages * v) if split == "uniform" else \
-            parameter_cuts([c.param_bytes for c in profiles[0].layers], stages * v)
-        lead = None
+            leads = [_pinned_partition(profiles, rows[leader], micro_batches, schedule, order=order,
+                                       max_nodes=effort.max_nodes, **kw)]
+        best = None
+        for i, lead in enumerate(leads):
+            try:
+                result = _replicas_for(view, replicas, rows, leader, lead.cuts, lead, split, schedule,
+                                       micro_batches, boundary, effort, kw)
+            except ValueError:
+                if i == 0:
+                    raise   # the leader's best cannot serve the others: as before, that is the answer
+                continue
+            if best is None or result[0] < best[0]:
+                best, picked = result, lead
+        if choice is not None and picked is not choice.best:
+            choice = dataclasses.replace(choice, best=picked)
+        return best[0], best[1], choice, best[2], best[3]
+    sched = schedule or "1f1b"
+    v = 2 if sched == "interleaved-1f1b" else 1
+    n = len(profiles[0].layers)
+    cuts = uniform_cuts(n, stages * v) if split == "uniform" else \
+        parameter_cuts([c.param_bytes for c in profiles[0].layers], stages * v)
+    step, out, sync_s, opt_s = _replicas_for(view, replicas, rows, leader, cuts, None, split, schedule,
+                                             micro_batches, boundary, effort, kw)
+    return step, out, None, sync_s, opt_s
+
+
+def _leads(choice: ScheduleChoice, most: int) -> list:
+    """The leader's best partition per micro-batch count, fastest first: up to ``most`` of them, within
+    ``LEAD_WITHIN`` of its best."""
+    seen, leads = set(), []
+    for t in choice.trials:   # fastest first, those that cannot run last
+        if len(leads) >= most or t.partition is None or t.step_s > LEAD_WITHIN * choice.best.step_s:
+            break
+        if t.micro_batches in seen:
+            continue
+        seen.add(t.micro_batches)
+        leads.append(t.partition)
+    return leads or [choice.best]
+
+
+def _replicas_for(view, replicas, rows, leader, cuts, lead, split, schedule, micro_batches, boundary,
+                  effort: Effort, kw) -> tuple:
+    """(step, replicas, sync seconds, optimizer seconds) with every replica on ``cuts`` (``lead``: the
+    leader's partition, whose micro-batch count the others follow; None for the fixed splits)."""
     out = []
     memo: Dict[tuple, tuple] = {}   # replicas of the same device classes share their best order
     for i, ranks in enumerate(replicas):
@@ -298,7 +359,7 @@ def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, eff
             f"rank {st.rank} needs {m / 2**20:.0f} MiB of {b / 2**20:.0f} MiB"
             for st, m, b in zip(bad.part.stages, bad.part.memory_bytes, bad.part.budget_bytes) if m > b))
     step, _, sync_s, opt_s = replicas_step_s(view, out, boundary)
-    return step, out, choice, sync_s, opt_s
+    return step, out, sync_s, opt_s
 
 
 def replica_key(view, ranks: Sequence[int]) -> tuple:

