@@ -81,6 +81,7 @@ def main() -> int:
         with open(path, "w") as f:
             json.dump(table[preset], f, indent=1)
         write(table, date)
+    write(table, date)   # again with the presets kept from earlier runs that come after the last measured
     return 0
 
 

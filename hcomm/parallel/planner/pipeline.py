@@ -213,9 +213,9 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
         weights = [1.0] * len(replicas)
     starts = [[n * unit for n in apportion(weights, global_batch // unit)]]
     if split == "auto" and len(replicas) > 1 and effort.leads > 1 and global_batch % (unit * len(replicas)) == 0:
-        # Equal rows as a second start: rows by speed can be counts no good micro-batch count divides (uneven,
-        # 3 replicas of 2 stages: rows 8, 7, 9 left the leader 1, 3 or 9 micro-batches, 5.03 s on the test
-        # view; equal rows let it run 2 of 4, 4.47 s).
+        # Equal rows as a second start: rows by speed can be counts no good micro-batch count divides
+        # (uneven's devices, 3 replicas of 2 stages: rows 8, 5, 11 left the leader 1 or 11 micro-batches,
+        # 5.34 s; equal rows run 8 each, 4.26 s -- test_equal_rows_are_tried_beside_rows_by_speed).
         starts.append([global_batch // len(replicas)] * len(replicas))
     best = None
     choices: Dict[tuple, ScheduleChoice] = {}
