@@ -430,3 +430,27 @@ def test_trying_more_leads_never_predicts_slower(speeds, split_islands, batch):
     alone = plan_pipeline(v, batch, 16, stages=2, boundary=BOUNDARY, effort=Effort(leads=1))
     whole = plan_pipeline(v, batch, 16, stages=2, boundary=BOUNDARY)
     assert whole.predicted_step_s <= alone.predicted_step_s * (1 + 1e-12)
+
+
+def test_a_fixed_order_replica_takes_a_micro_batch_count_that_fits():
+    """A replica in a fixed device order (large clusters follow the leader's order) whose rows the
+    leader's count does not divide tries every count: 6 rows in 1, 2 or 3 micro-batches do not fit
+    (800 / 800 / 544 MiB of activations and state on a 448 MiB budget), 6 of one sample do (288 MiB).
+    A part that does not fit has no step time (0), so it was taken as the fastest; at 4,096 devices that
+    dropped shapes from the search."""
+    from types import SimpleNamespace
+
+    from hcomm.parallel.planner.pipeline import _best_for_cuts, transfer_costs
+
+    def prof(rank):
+        layers = [LayerCost(f"p{i}", 0.01, 0.02, 4 * MiB, 4 * MiB, 8 * MiB, 64 * MiB, fwd_fixed_s=0.05,
+                            bwd_fixed_s=0.1) for i in range(4)]
+        return DeviceProfile(rank, "X", 1, 16, layers, 448 * MiB, 0, "test", 0.0, "measured")
+
+    allreduce = lambda n: 1e-3 + n / 1e9  # noqa: E731
+    v = ClusterView(["X", "X"], [[0, 1]], [prof(0), prof(1)], allreduce, [allreduce], [0.0, 0.0], None, ["i0"],
+                    links={"intra": (1e-4, 1e9)})
+    lead = SimpleNamespace(schedule="1f1b", virtual_stages=1, micro_batches=4)   # 4 does not divide 6 rows
+    part = _best_for_cuts(v, [0, 1], 6, [0, 2, 4], lead, None, None, True, boundary_bytes=BOUNDARY,
+                          **transfer_costs(v))
+    assert part.fits and part.micro_batches == 6 and part.step_s == pytest.approx(0.421, abs=1e-3)
