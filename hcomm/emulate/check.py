@@ -102,10 +102,15 @@ def check_links(cluster: Cluster) -> List[Row]:
     return rows
 
 
+def _node_index(spec, rank) -> int:
+    """Index of the node ``rank`` (a RankSpec) lives on: the namespace its probes run in."""
+    return next(n.index for n in spec.nodes if n.name == rank.node)
+
+
 def check_compute(cluster: Cluster, seconds: float = 3.0) -> Tuple[List[Row], str]:
     spec = cluster.spec
     start = time.time() + 1.5  # every probe started and waiting before the clock runs
-    procs = [(r, _probe(cluster, spec.nodes.index(next(n for n in spec.nodes if n.name == r.node)),
+    procs = [(r, _probe(cluster, _node_index(spec, r),
                         ["compute", repr(start), repr(seconds)], rank=r.rank, wait=False))
              for r in spec.ranks]
     results = {r.rank: _result(p)[1] for r, p in procs}
@@ -130,7 +135,7 @@ def check_compute(cluster: Cluster, seconds: float = 3.0) -> Tuple[List[Row], st
 def check_pause(cluster: Cluster, seconds: float = 1.0) -> List[Row]:
     spec = cluster.spec
     start = time.time() + 1.5
-    procs = [(r, _probe(cluster, next(n.index for n in spec.nodes if n.name == r.node),
+    procs = [(r, _probe(cluster, _node_index(spec, r),
                         ["pause", repr(start), repr(seconds), repr(PAUSE_PIECE_S)], rank=r.rank, wait=False))
              for r in spec.ranks]
     rows = []
@@ -145,7 +150,7 @@ def check_pause(cluster: Cluster, seconds: float = 1.0) -> List[Row]:
 def check_memory(cluster: Cluster) -> List[Row]:
     rows = []
     for r in cluster.spec.ranks:
-        node = next(n.index for n in cluster.spec.nodes if n.name == r.node)
+        node = _node_index(cluster.spec, r)
         before = cgroups.oom_kills(cluster.run_id, r.rank)
         code, _ = _probe(cluster, node, ["alloc", str(int(r.memory_bytes * 1.25))], rank=r.rank)
         record = {"rank": r.rank, "node": r.node, "returncode": code,

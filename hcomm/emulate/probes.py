@@ -102,6 +102,13 @@ def ping(host: str, port: int, count: int) -> dict:
     return {"rtt_median": rtts[len(rtts) // 2], "rtt_min": rtts[0]}
 
 
+def _spin(iters: int) -> None:
+    """A fixed integer loop: the same work per iteration on every rank."""
+    x = 1
+    for _ in range(iters):
+        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+
+
 def compute(start: float, seconds: float) -> dict:
     """Iterations done from ``start`` for ``seconds``, and the rate.
 
@@ -114,10 +121,9 @@ def compute(start: float, seconds: float) -> dict:
         time.sleep(0.001)
     begin = time.time()
     end = start + seconds
-    x, iters = 1, 0
+    iters = 0
     while True:
-        for _ in range(2000):  # fixed work between clock reads
-            x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+        _spin(2000)  # fixed work between clock reads
         iters += 2000
         now = time.time()
         if now >= end:
@@ -125,12 +131,6 @@ def compute(start: float, seconds: float) -> dict:
     measured = now - begin
     return {"iters": iters, "seconds": measured, "late": begin - start,
             "rate": iters / measured}
-
-
-def _spin(iters: int) -> None:
-    x = 1
-    for _ in range(iters):
-        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
 
 
 def pause(start: float, seconds: float, piece_s: float) -> dict:
