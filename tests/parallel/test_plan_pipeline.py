@@ -454,3 +454,39 @@ def test_a_fixed_order_replica_takes_a_micro_batch_count_that_fits():
     part = _best_for_cuts(v, [0, 1], 6, [0, 2, 4], lead, None, None, True, boundary_bytes=BOUNDARY,
                           **transfer_costs(v))
     assert part.fits and part.micro_batches == 6 and part.step_s == pytest.approx(0.421, abs=1e-3)
+
+
+def test_the_leader_chooses_cuts_every_replica_can_hold_when_following_its_order(monkeypatch):
+    """At scale the other replicas take the leader's cuts in its device order (``follow_leader``).  Here
+    the leader (ranks 1, 0: budgets 1000 MiB) puts 3 of 4 pieces on its fast device (1F1B, 4 micro-batches,
+    336 MiB there); the other replica's fast device (rank 2, the same speed) has 300 MiB and cannot hold
+    them.  The leader chooses again with each position held to the smallest budget any replica has there:
+    interleaved 1F1B, one piece per virtual stage (272 / 240 MiB), which both replicas hold.  (At 4,096
+    devices of llama-70b this took the shapes that fit from 4 of 11 to 10.)"""
+    from hcomm.parallel.planner import pipeline
+    from hcomm.parallel.planner.pipeline import Effort, _predict
+
+    def layers(fwd):
+        return [LayerCost(f"p{i}", fwd, 2 * fwd, 24 * MiB, 24 * MiB, 48 * MiB, 16 * MiB) for i in range(4)]
+
+    fast, slow = layers(0.01), layers(0.04)
+
+    def prof(rank, pieces, budget):
+        return DeviceProfile(rank, "X", 1, 16, pieces, budget * MiB, 0, "test", 0.0, "measured")
+
+    profiles = [prof(0, fast, 1000), prof(1, slow, 1000), prof(2, fast, 300), prof(3, slow, 1000)]
+    allreduce = lambda n: 1e-3 + n / 1e9  # noqa: E731
+    v = ClusterView(["X"] * 4, [[0, 1, 2, 3]], profiles, allreduce, [allreduce], [0.0] * 4, None, ["i0"],
+                    links={"intra": (1e-4, 1e9)})
+    effort = Effort(follow_leader=True, leads=1, refine_rows=False)
+    step, replicas, choice, _, _ = _predict(v, [[0, 1], [2, 3]], [4, 4], BOUNDARY, "auto", None, None, effort)
+    assert [r.part.ranks for r in replicas] == [[1, 0], [3, 2]]
+    assert [list(r.part.cuts) for r in replicas] == [[0, 1, 2, 3, 4]] * 2
+    assert all(r.part.fits for r in replicas) and choice.best.cuts == replicas[0].part.cuts
+    assert [m // MiB for m in replicas[1].part.memory_bytes] == [272, 240]
+    assert step == pytest.approx(1.0113, abs=1e-4)
+    # the leader's own choice, as before: rank 2 would need 336 MiB of its 300
+    monkeypatch.setattr(pipeline, "_tightest_budgets", lambda *a: None)
+    _, first, _, _, _ = _predict(v, [[0, 1], [2, 3]], [4, 4], BOUNDARY, "auto", None, None, effort)
+    assert list(first[1].part.cuts) == [0, 1, 4] and not first[1].part.fits
+    assert [m // MiB for m in first[1].part.memory_bytes] == [128, 336]

@@ -297,17 +297,31 @@ def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, eff
         else:
             leads = [_pinned_partition(profiles, rows[leader], micro_batches, schedule, order=order,
                                        max_nodes=effort.max_nodes, **kw)]
-        best = None
-        for i, lead in enumerate(leads):
-            try:
-                result = _replicas_for(view, replicas, rows, leader, lead.cuts, lead, split, schedule,
-                                       micro_batches, boundary, effort, kw)
-            except ValueError:
-                if i == 0:
-                    raise   # the leader's best cannot serve the others: as before, that is the answer
-                continue
-            if best is None or result[0] < best[0]:
-                best, picked = result, lead
+        best, picked = _best_lead(view, replicas, rows, leader, leads, split, schedule, micro_batches, boundary,
+                                  effort, kw)
+        if not _fits(best[1]) and effort.follow_leader and micro_batches is None:
+            # At scale the others take the leader's cuts in its device order; a replica on devices with
+            # less memory (4,096 devices: the 910Bs' 57.6 GiB under an H800 leader's 72) cannot hold them.
+            # The leader chooses again, each position held to the smallest budget any replica has there.
+            tight = _tightest_budgets(view, replicas, picked)
+            if tight is not None:
+                key = (tuple(replicas[leader]), rows[leader], "tight")
+                try:
+                    retry = (choices or {}).get(key) or choose_schedule(
+                        [view.profiles[r] for r in picked.ranks], global_batch=rows[leader],
+                        max_micro_batches=effort.max_micro_batches,
+                        schedules=[schedule] if schedule else effort.schedules, order=list(range(stages)),
+                        budgets=tight, max_nodes=effort.max_nodes, counts=effort.counts(rows[leader], stages),
+                        bound_only=effort.bound_only, **kw)
+                except ValueError:
+                    retry = None   # nothing fits the tightest budgets either: keep the first answer
+                if retry is not None:
+                    if choices is not None:
+                        choices[key] = retry
+                    again, lead = _best_lead(view, replicas, rows, leader, _leads(retry, effort.leads),
+                                             split, schedule, micro_batches, boundary, effort, kw)
+                    if _fits(again[1]):
+                        best, picked, choice = again, lead, retry
         if choice is not None and picked is not choice.best:
             choice = dataclasses.replace(choice, best=picked)
         return best[0], best[1], choice, best[2], best[3]
@@ -319,6 +333,38 @@ def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, eff
     step, out, sync_s, opt_s = _replicas_for(view, replicas, rows, leader, cuts, None, split, schedule,
                                              micro_batches, boundary, effort, kw)
     return step, out, None, sync_s, opt_s
+
+
+def _best_lead(view, replicas, rows, leader, leads, split, schedule, micro_batches, boundary, effort, kw):
+    """((step, replicas, sync s, optimizer s), lead) of the leader's plan that serves the grouping best:
+    plans that fit every replica first, then the fastest."""
+    best = picked = None
+    for i, lead in enumerate(leads):
+        try:
+            result = _replicas_for(view, replicas, rows, leader, lead.cuts, lead, split, schedule,
+                                   micro_batches, boundary, effort, kw)
+        except ValueError:
+            if i == 0:
+                raise   # the leader's best cannot serve the others: as before, that is the answer
+            continue
+        if best is None or (not _fits(result[1]), result[0]) < (not _fits(best[1]), best[0]):
+            best, picked = result, lead
+    return best, picked
+
+
+def _fits(replicas: Sequence["_Replica"]) -> bool:
+    return all(r.part is None or r.part.fits for r in replicas)
+
+
+def _tightest_budgets(view, replicas, lead) -> Optional[List[int]]:
+    """Per position of the leader's device order, the smallest memory budget of the device any replica
+    puts there (``_like``, as ``follow_leader`` places them); None when no replica has less than the leader."""
+    pattern = [view.profiles[r] for r in lead.ranks]
+    budgets = [p.memory_budget_bytes for p in pattern]
+    for ranks in replicas:
+        for k, r in enumerate(_like(view, list(ranks), pattern)):
+            budgets[k] = min(budgets[k], view.profiles[r].memory_budget_bytes)
+    return None if budgets == [p.memory_budget_bytes for p in pattern] else budgets
 
 
 def _leads(choice: ScheduleChoice, most: int) -> list:
