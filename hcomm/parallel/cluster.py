@@ -41,6 +41,9 @@ class ClusterView:
     # how much slower the whole group's all-reduces run beside computation than alone (measured; 1: no
     # measurement): the gradient buckets that overlap backward pay it
     overlap_slowdown: float = 1.0
+    # each rank's profile measured again under the autocast of its kind's best low-precision dtype
+    # (``--precision search``; empty when not measured): ``planner.dtypes`` weighs the two
+    low_precision_profiles: List = field(default_factory=list)
 
     def p2p_s(self, a: int, b: int, nbytes: int) -> float:
         """Seconds to send ``nbytes`` from rank a to rank b: the alpha-beta model of the tier joining them

@@ -84,6 +84,7 @@ class DeviceProfile:
     budget_source: str          # emulated | cuda-free | host-available
     seconds_spent: float        # obtaining this profile
     source: str                 # measured | cache | file
+    compute_dtype: str = "fp32"  # measured under autocast in this dtype (hcomm.parallel.precision)
 
     @property
     def fwd_s(self) -> float:
@@ -159,7 +160,8 @@ class DeviceProfile:
     def from_dict(cls, d: dict) -> "DeviceProfile":
         return cls(int(d["rank"]), str(d["device"]), int(d["micro_batch"]), int(d["seq_len"]),
                    [LayerCost.from_dict(layer) for layer in d["layers"]], int(d["memory_budget_bytes"]),
-                   int(d["baseline_bytes"]), str(d["budget_source"]), float(d["seconds_spent"]), str(d["source"]))
+                   int(d["baseline_bytes"]), str(d["budget_source"]), float(d["seconds_spent"]), str(d["source"]),
+                   str(d.get("compute_dtype", "fp32")))
 
     def __str__(self) -> str:
         lines = [f"rank {self.rank} {self.device} ({self.source}, {self.seconds_spent:.2f} s): "
@@ -245,14 +247,19 @@ def _new_params(piece: nn.Module, seen: set) -> List[nn.Parameter]:
 
 
 class _SavedBytes:
-    """Bytes of the distinct storages autograd saves for backward, parameters excluded."""
+    """Bytes of the distinct storages autograd saves for backward, parameters excluded (and, under
+    autocast, their low-precision copies: one per parameter per step, not per sample -- tensors of a
+    parameter's shape in another dtype)."""
 
-    def __init__(self, param_storages: set):
+    def __init__(self, param_storages: set, param_shapes: Optional[set] = None):
         self.seen = set(param_storages)
+        self.param_shapes = param_shapes or set()
         self.nbytes = 0
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
+        if (tuple(tensor.shape), tensor.dtype) in self.param_shapes:
+            return tensor
         if storage.data_ptr() not in self.seen:
             self.seen.add(storage.data_ptr())
             self.nbytes += storage.nbytes()
@@ -270,7 +277,7 @@ def _run_piece(piece: nn.Module, x: torch.Tensor, targets: torch.Tensor, is_head
 
 def measure(model: nn.Module, *, micro_batch: int, seq_len: int, vocab_size: int, rank: int = 0,
             device_name: Optional[str] = None, budget_s: float = 10.0,
-            baseline_bytes: Optional[int] = None) -> DeviceProfile:
+            baseline_bytes: Optional[int] = None, compute_dtype: str = "fp32") -> DeviceProfile:
     """Profile every piece of ``model.layer_modules()`` on one micro-batch.
 
     A first forward pass through all pieces on random tokens captures each
@@ -288,6 +295,10 @@ def measure(model: nn.Module, *, micro_batch: int, seq_len: int, vocab_size: int
     piece shorter than the period mostly times fast, so its median would
     report full speed; the mean over many periods is the sustained speed.
 
+    ``compute_dtype``: every piece runs under the autocast training uses for that dtype
+    (``precision.Precision``), so ``--precision search`` can weigh a device's low precision against
+    fp32 by measurement.
+
     Leaves every parameter's ``.grad`` None.
     """
     start = time.perf_counter()
@@ -302,14 +313,19 @@ def measure(model: nn.Module, *, micro_batch: int, seq_len: int, vocab_size: int
     seen_params: set = set()
     piece_params = [_new_params(piece, seen_params) for piece in pieces]
     param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = _SavedBytes(param_storages)  # one across pieces: a tensor two pieces save counts once
+    from hcomm.parallel.precision import TORCH_DTYPES, Precision
+
+    autocast = Precision(compute_dtype, device_type=device.type).autocast
+    low = TORCH_DTYPES.get(compute_dtype, torch.float32)
+    copies = {(tuple(p.shape), low) for p in model.parameters()} if low != torch.float32 else set()
+    saved = _SavedBytes(param_storages, copies)  # one across pieces: a tensor two pieces save counts once
     inputs, grads, act_bytes = [], [], []
     outs = []  # keeps every graph alive until all are counted, so no saved storage is freed and its address reused
     x = tokens
     for i, piece in enumerate(pieces):
         x = x if i == 0 else x.detach().requires_grad_()
         before = saved.nbytes
-        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), autocast():
             outs.append(_run_piece(piece, x, targets, i == last))
         act_bytes.append(saved.nbytes - before)
         inputs.append(x)
@@ -325,7 +341,8 @@ def measure(model: nn.Module, *, micro_batch: int, seq_len: int, vocab_size: int
         for i, piece in enumerate(pieces):
             _sync(device)
             t0 = time.perf_counter()
-            out = _run_piece(piece, inputs[i], targets, i == last)
+            with autocast():
+                out = _run_piece(piece, inputs[i], targets, i == last)
             _sync(device)
             t1 = time.perf_counter()
             out.backward(grads[i])
@@ -365,4 +382,4 @@ def measure(model: nn.Module, *, micro_batch: int, seq_len: int, vocab_size: int
                                 act_bytes[i] // micro_batch))
     budget, baseline, budget_source = memory_budget(baseline_bytes)
     return DeviceProfile(rank, device_name or local_device_name(), micro_batch, seq_len, layers, budget,
-                         baseline, budget_source, time.perf_counter() - start, "measured")
+                         baseline, budget_source, time.perf_counter() - start, "measured", compute_dtype)

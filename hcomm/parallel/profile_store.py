@@ -110,8 +110,10 @@ def save_cached(key: str, profile: DeviceProfile) -> bool:
         return False
 
 
-def load_profile_file(path: str, rank: int, baseline_bytes: Optional[int] = None) -> DeviceProfile:
-    """Rank `rank`'s profile from a YAML or JSON file (see the module doc)."""
+def load_profile_file(path: str, rank: int, baseline_bytes: Optional[int] = None,
+                      compute_dtype: str = "fp32") -> DeviceProfile:
+    """Rank `rank`'s profile from a YAML or JSON file (see the module doc), the one measured in
+    ``compute_dtype`` (an entry without the field is fp32)."""
     if not os.path.isfile(path):
         raise ValueError(f"HCOMM_MODEL_PROFILE={path!r}: expected auto, force or an existing profile file")
     with open(path) as f:
@@ -120,10 +122,13 @@ def load_profile_file(path: str, rank: int, baseline_bytes: Optional[int] = None
     entries = data.get("profiles") if isinstance(data, dict) else data
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a list of profiles (or a mapping with a 'profiles' list)")
-    mine = [e for e in entries if isinstance(e, dict) and e.get("rank") == rank]
+    mine = [e for e in entries if isinstance(e, dict) and e.get("rank") == rank
+            and e.get("compute_dtype", "fp32") == compute_dtype]
     if not mine:
-        ranks = sorted(e.get("rank") for e in entries if isinstance(e, dict))
-        raise ValueError(f"{path}: no profile for rank {rank} (ranks present: {ranks})")
+        ranks = sorted(e.get("rank") for e in entries if isinstance(e, dict)
+                       and e.get("compute_dtype", "fp32") == compute_dtype)
+        raise ValueError(f"{path}: no profile for rank {rank} in {compute_dtype} (ranks present in "
+                         f"{compute_dtype}: {ranks})")
     budget, baseline, budget_source = memory_budget(baseline_bytes)
     defaults = {"memory_budget_bytes": budget, "baseline_bytes": baseline, "budget_source": budget_source,
                 "seconds_spent": 0.0}
@@ -144,7 +149,7 @@ def device_identity(model: nn.Module) -> str:
 
 def resolve_profile(model: nn.Module, *, model_signature: str, cluster_signature: str, micro_batch: int,
                     seq_len: int, vocab_size: int, rank: int, budget_s: float = 10.0,
-                    baseline_bytes: Optional[int] = None) -> DeviceProfile:
+                    baseline_bytes: Optional[int] = None, compute_dtype: str = "fp32") -> DeviceProfile:
     """This rank's profile by the ``HCOMM_MODEL_PROFILE`` policy (module doc).
 
     The memory budget is always this run's (a cached profile brings only
@@ -154,18 +159,19 @@ def resolve_profile(model: nn.Module, *, model_signature: str, cluster_signature
     mode = HCOMM_MODEL_PROFILE.get()
     n_pieces = len(model.layer_modules())
     if mode not in ("auto", "force"):
-        profile = load_profile_file(mode, rank, baseline_bytes)
+        profile = load_profile_file(mode, rank, baseline_bytes, compute_dtype)
         if len(profile.layers) != n_pieces:
             raise ValueError(f"{mode}: rank {rank}'s profile has {len(profile.layers)} pieces, "
                              f"the model has {n_pieces}")
         return profile
-    key = cache_key(model_signature, device_identity(model), cluster_signature, micro_batch, seq_len)
+    identity = device_identity(model) + ("" if compute_dtype == "fp32" else f"-autocast-{compute_dtype}")
+    key = cache_key(model_signature, identity, cluster_signature, micro_batch, seq_len)
     cached = load_cached(key) if mode == "auto" else None
     if cached is not None and len(cached.layers) == n_pieces:
         budget, baseline, budget_source = memory_budget(baseline_bytes)
         return dataclasses.replace(cached, rank=rank, memory_budget_bytes=budget, baseline_bytes=baseline,
                                    budget_source=budget_source, seconds_spent=time.perf_counter() - start)
     profile = measure(model, micro_batch=micro_batch, seq_len=seq_len, vocab_size=vocab_size, rank=rank,
-                      budget_s=budget_s, baseline_bytes=baseline_bytes)
+                      budget_s=budget_s, baseline_bytes=baseline_bytes, compute_dtype=compute_dtype)
     save_cached(key, profile)
     return profile

@@ -61,10 +61,11 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
                    help="ZeRO shards over every rank (flat) or inside each island, replicated across (island); "
                         "auto: whichever the cost model predicts faster")
     p.add_argument("--prefetch", type=int, default=1, help="ZeRO-3: gathers issued this many units ahead")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "per-device", "fp8"],
+    p.add_argument("--precision", default="fp32", choices=["fp32", "per-device", "fp8", "search"],
                    help="per-device: each rank computes in its device kind's best dtype (bf16 on A100/H800/910B, "
-                        "fp16 with loss scaling on V100); fp8: the same with fp8 matmuls on H100/H800; parameters, "
-                        "optimizer state and reductions stay fp32")
+                        "fp16 with loss scaling on V100); fp8: the same with fp8 matmuls on H100/H800; search "
+                        "(with --plan search): every rank profiles fp32 and its low dtype, and the search chooses "
+                        "each kind's dtype by measured speed; parameters, optimizer state and reductions stay fp32")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel group size (ranks / TP groups of data parallelism); auto splits heads, MLP "
                         "features and vocabulary by measured speed, uniform evenly (Megatron)")

@@ -62,7 +62,8 @@ def offline(argv: List[str]) -> int:
     p.add_argument("--global-batch", type=int, default=None, help="samples per step (default: one per device)")
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch the figures are costed at")
-    p.add_argument("--dtype", default="per-device", help="compute dtype of every device, or per-device (default)")
+    p.add_argument("--dtype", default="per-device", help="compute dtype of every device, per-device (default: "
+                   "each kind's best) or search (the search weighs fp32 against each kind's best by its figures)")
     p.add_argument("--mfu", type=float, default=0.45, help="fraction of the published peak a matmul reaches")
     p.add_argument("--prices", default=None, help="cost per device-hour by kind, e.g. A100=1.5,H800=2.2,910B=1.1")
     p.add_argument("--allow-async", action="store_true", help="also consider islands syncing every H steps")
@@ -78,11 +79,20 @@ def offline(argv: List[str]) -> int:
         spec = load_spec(args.cluster, max_nodes=None)
         config = get_config(args.model)
         prices = _prices(args.prices)
-        view = view_from_spec(spec, config, micro_batch=args.micro_batch, seq_len=args.seq_len, dtype=args.dtype,
-                              mfu=args.mfu)
+        view = view_from_spec(spec, config, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                              dtype="fp32" if args.dtype == "search" else args.dtype, mfu=args.mfu)
         batch = args.global_batch or view.world_size
-        result = search(view, batch, args.seq_len, dim=config.dim, kv_heads=config.kv_heads,
-                        allow_async=args.allow_async, prices=prices)
+        kw = dict(dim=config.dim, kv_heads=config.kv_heads, allow_async=args.allow_async, prices=prices)
+        dtype_notes = []
+        if args.dtype == "search":
+            from hcomm.parallel.planner import dtypes as per_device
+
+            view.low_precision_profiles = view_from_spec(spec, config, micro_batch=args.micro_batch,
+                                                         seq_len=args.seq_len, dtype="per-device",
+                                                         mfu=args.mfu).profiles
+            result, _, dtype_notes = per_device.search_dtypes(view, batch, args.seq_len, **kw)
+        else:
+            result = search(view, batch, args.seq_len, **kw)
     except ValueError as error:
         print(f"hcomm plan --offline: {error}", file=sys.stderr)
         return 2
@@ -93,7 +103,7 @@ def offline(argv: List[str]) -> int:
           + ", ".join(f"{n} x {k}" for k, n in kinds.items()) + f"), {args.model}, global batch {batch} x "
           f"{args.seq_len} tokens; figures at {args.mfu:.0%} of peak, dtype {args.dtype}")
     print("\n".join(result.table(batch * args.seq_len, prices, view.devices, top=args.top)))
-    for note in result.notes:
+    for note in [*dtype_notes, *result.notes]:
         print(f"  - {note}")
     plan = result.best.plan
     plan.name = plan.name or "search"

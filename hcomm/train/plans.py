@@ -68,13 +68,23 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
             raise ValueError(f"--plan {entry}: {key} must be a positive integer, got {out[key]!r}")
     if out.get("split", "auto") not in ("auto", "uniform", "parameters"):
         raise ValueError(f"--plan {entry}: split must be auto, uniform or parameters, got {out['split']!r}")
-    if out.get("precision", "fp32") not in ("fp32", "per-device", "fp8"):
-        raise ValueError(f"--plan {entry}: precision must be fp32, per-device or fp8, got {out['precision']!r}")
+    if out.get("precision", "fp32") not in ("fp32", "per-device", "fp8", "search"):
+        raise ValueError(f"--plan {entry}: precision must be fp32, per-device, fp8 or search, "
+                         f"got {out['precision']!r}")
+    if out.get("precision") == "search" and base != "search":
+        raise ValueError(f"--plan {entry}: precision=search chooses dtypes with the joint search; "
+                         f"use search@precision=search")
     if out.get("schedule", "1f1b") not in ("gpipe", "1f1b", "interleaved-1f1b"):
         raise ValueError(f"--plan {entry}: schedule must be gpipe, 1f1b or interleaved-1f1b, got {out['schedule']!r}")
     if "zero" in out and out["zero"] not in ("0", "1", "2", "3"):
         raise ValueError(f"--plan {entry}: zero must be 0, 1, 2 or 3, got {out['zero']!r}")
     return base, out
+
+
+def dtypes_searched(args) -> bool:
+    """Whether any plan asks ``precision=search`` (then every rank also profiles in low precision)."""
+    return getattr(args, "precision", "fp32") == "search" or any(
+        parse_entry(entry)[1].get("precision") == "search" for entry in args.plan.split(","))
 
 
 def compressions_asked(args) -> List[str]:
@@ -123,7 +133,8 @@ def make_plans(args, view) -> List:
         base, pins = parse_entry(entry)
         tp = int(pins.get("tp", getattr(args, "tp", 1)))
         if base == "search":
-            plan = searched_plan(args, view, entry, int(pins.get("trial", TRIAL_PLANS)))
+            plan = searched_plan(args, view, entry, int(pins.get("trial", TRIAL_PLANS)),
+                                 pins.get("precision", getattr(args, "precision", "fp32")) == "search")
         elif base in ("auto", "equal", "uniform") and tp > 1 and _pipeline_stages(args, pins) > 1:
             plan = pipeline_tensor_plan(args, view, entry, base, pins)
         elif base in ("auto", "equal", "uniform") and tp > 1:
@@ -132,8 +143,12 @@ def make_plans(args, view) -> List:
             plan = pipeline_plan(args, view, entry, base, pins)
         else:   # data parallelism, ZeRO, the torch baselines, or a plan file
             plan = _data_plan(args, view, entry, base, pins)
-        if base in ("auto", "equal", "search"):
-            apply_precision(plan, view, pins.get("precision", getattr(args, "precision", "fp32")))
+        precision = pins.get("precision", getattr(args, "precision", "fp32"))
+        if precision == "search" and base in ("auto", "equal"):
+            raise ValueError(f"--plan {entry}: --precision search chooses dtypes with the joint search; "
+                             f"this plan is not searched (use --plan search)")
+        if base in ("auto", "equal", "search") and precision != "search":   # search: its own dtypes
+            apply_precision(plan, view, precision)
         if plan.predicted_step_s is None:   # the baselines and plan files: the same simulator predicts them
             from hcomm.parallel.planner.simulate import simulate
 
@@ -142,22 +157,28 @@ def make_plans(args, view) -> List:
     return plans
 
 
-def searched_plan(args, view, entry: str, trial: int = 0):
+def searched_plan(args, view, entry: str, trial: int = 0, dtypes_searched: bool = False):
     """The joint search's winner (``hcomm.parallel.planner.search``), its table of runners-up in the notes;
     with ``trial`` > 1 the best predicted plans of distinct kinds ride along as ``plan.trial_plans`` (the
-    worker measures them and trains the fastest: ``hcomm.train.trial``)."""
+    worker measures them and trains the fastest: ``hcomm.train.trial``).  ``dtypes_searched``: the search
+    runs on each dtype assignment too (``planner.dtypes``); its plans carry the winning assignment's."""
     from hcomm.models import get_config
+    from hcomm.parallel.planner import dtypes as per_device
     from hcomm.parallel.planner.search import search
 
     config = get_config(args.model)
-    result = search(view, args.global_batch, args.seq_len, dim=config.dim, kv_heads=config.kv_heads,
-                    allow_async=args.sync_every > 1, compressions=[c for c in (args.compress,) if c != "none"]
-                    or ("bf16",))
+    kw = dict(dim=config.dim, kv_heads=config.kv_heads, allow_async=args.sync_every > 1,
+              compressions=[c for c in (args.compress,) if c != "none"] or ("bf16",))
+    dtype_notes = []
+    if dtypes_searched:
+        result, _, dtype_notes = per_device.search_dtypes(view, args.global_batch, args.seq_len, **kw)
+    else:
+        result = search(view, args.global_batch, args.seq_len, **kw)
     plan = result.best.plan
     plan.name = entry
     if plan.tensor_groups():
         _note_shards(plan, view, config)
-    plan.notes = [*result.notes, "candidates (-> chosen):",
+    plan.notes = [*dtype_notes, *result.notes, "candidates (-> chosen):",
                   *result.table(args.global_batch * args.seq_len), *plan.notes]
     plan.trial_plans = []
     if trial > 1:

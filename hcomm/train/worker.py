@@ -128,6 +128,9 @@ def check_state_fits(n_params: int, groups, rank: int, world: int, zero: int = 0
                                                             if len(failed) > 1 else ""))
 
 
+KEY_PREFIX_LOW = "hcomm/model-profile-low-precision"   # the store keys of the second gather
+
+
 def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, world: int):
     from hcomm.parallel.cluster import discover
     from hcomm.parallel.profile_store import gather_profiles, model_signature, resolve_profile
@@ -135,23 +138,37 @@ def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, wor
     micro = max(1, min(4, args.global_batch // world))
     signature = model_signature({**config.to_dict(), "hf": args.hf}, vocab_size)
     topo = hcomm.topology(groups.hcomm)
-    local = resolve_profile(model, model_signature=signature, cluster_signature=topo.signature(),
-                            micro_batch=micro, seq_len=args.seq_len, vocab_size=vocab_size, rank=rank,
-                            budget_s=args.profile_budget, baseline_bytes=_BASELINE_BYTES)
-    from hcomm.train.plans import any_pipeline
+    from hcomm.train.plans import any_pipeline, dtypes_searched
 
-    if any_pipeline(args) and micro > 1:   # pipelines run small micro-batches: measure each piece's fixed cost
-        one = resolve_profile(model, model_signature=signature, cluster_signature=topo.signature(),
-                              micro_batch=1, seq_len=args.seq_len, vocab_size=vocab_size, rank=rank,
-                              budget_s=args.profile_budget / 2, baseline_bytes=_BASELINE_BYTES)
-        local = local.with_fixed_costs(one)
+    def local_profile(compute_dtype: str):
+        mine = resolve_profile(model, model_signature=signature, cluster_signature=topo.signature(),
+                               micro_batch=micro, seq_len=args.seq_len, vocab_size=vocab_size, rank=rank,
+                               budget_s=args.profile_budget, baseline_bytes=_BASELINE_BYTES,
+                               compute_dtype=compute_dtype)
+        if any_pipeline(args) and micro > 1:   # pipelines run small micro-batches: measure each piece's fixed cost
+            one = resolve_profile(model, model_signature=signature, cluster_signature=topo.signature(),
+                                  micro_batch=1, seq_len=args.seq_len, vocab_size=vocab_size, rank=rank,
+                                  budget_s=args.profile_budget / 2, baseline_bytes=_BASELINE_BYTES,
+                                  compute_dtype=compute_dtype)
+            mine = mine.with_fixed_costs(one)
+        return mine
+
     store = dist.distributed_c10d._get_default_store()
-    profiles = gather_profiles(local, store, rank, world, timeout_s=max(120.0, 6 * args.profile_budget))
+    timeout_s = max(120.0, 6 * args.profile_budget)
+    profiles = gather_profiles(local_profile("fp32"), store, rank, world, timeout_s=timeout_s)
+    low_profiles = []
+    if dtypes_searched(args):   # the same pieces under the autocast of this kind's best low dtype
+        from hcomm.parallel.devices import local_device_name
+        from hcomm.parallel.precision import per_device_dtypes
+
+        low_profiles = gather_profiles(local_profile(per_device_dtypes([local_device_name()])[0]), store, rank,
+                                       world, timeout_s=timeout_s, key_prefix=KEY_PREFIX_LOW)
     opt_s = [None] * world
     dist.all_gather_object(opt_s, optimizer_seconds(model, args.lr))
     from hcomm.train.plans import compressions_asked
 
     view = discover(groups.default, groups.hcomm, groups.island, profiles, opt_s, compressions_asked(args))
+    view.low_precision_profiles = low_profiles
     if view.calibration:
         from hcomm.parallel.calibration import describe
 

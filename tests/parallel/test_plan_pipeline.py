@@ -440,7 +440,8 @@ def test_a_fixed_order_replica_takes_a_micro_batch_count_that_fits():
     dropped shapes from the search."""
     from types import SimpleNamespace
 
-    from hcomm.parallel.planner.pipeline import _best_for_cuts, transfer_costs
+    from hcomm.parallel.planner.pipeline import _best_for_cuts
+    from hcomm.parallel.planner.pipeline_step import transfer_costs
 
     def prof(rank):
         layers = [LayerCost(f"p{i}", 0.01, 0.02, 4 * MiB, 4 * MiB, 8 * MiB, 64 * MiB, fwd_fixed_s=0.05,

@@ -239,8 +239,8 @@ def test_parse_entry_precision_pins():
     assert parse_entry("auto@precision=per-device") == ("auto", {"precision": "per-device"})
     assert parse_entry("equal@precision=fp32") == ("equal", {"precision": "fp32"})
     assert parse_entry("auto@precision=fp8") == ("auto", {"precision": "fp8"})
-    with pytest.raises(ValueError, match=r"--plan auto@precision=fp64: precision must be fp32, per-device or fp8, "
-                                         r"got 'fp64'"):
+    with pytest.raises(ValueError, match=r"--plan auto@precision=fp64: precision must be fp32, per-device, fp8 or "
+                                         r"search, got 'fp64'"):
         parse_entry("auto@precision=fp64")
     # uniform is torch DDP: the general pin rule refuses it first
     with pytest.raises(ValueError, match=r"--plan uniform@precision=per-device: .*apply to auto and equal"):

@@ -217,7 +217,7 @@ def test_profile_file_overrides_measuring(tiny, tiny_profile, tmp_path, monkeypa
     p = resolve(model, config, rank=1)
     assert (p.rank, p.device, p.source) == (1, "V100", "file")
     assert p.layers == tiny_profile.layers and p.memory_budget_bytes > 0
-    with pytest.raises(ValueError, match=r"no profile for rank 5 \(ranks present: \[0, 1\]\)"):
+    with pytest.raises(ValueError, match=r"no profile for rank 5 in fp32 \(ranks present in fp32: \[0, 1\]\)"):
         resolve(model, config, rank=5)
     monkeypatch.setenv("HCOMM_MODEL_PROFILE", str(tmp_path / "missing.yaml"))
     with pytest.raises(ValueError, match="auto, force or an existing profile file"):
@@ -311,3 +311,20 @@ def test_fixed_costs_from_a_second_profile_at_one_sample():
     assert flat.layers[0].fwd_fixed_s == 0.0 and flat.layers[0].fwd_at(2, 4) == 2.0
     with pytest.raises(ValueError, match="micro-batch 1"):
         prof(4, 1.0, 1.0).with_fixed_costs(prof(2, 1.0, 1.0))
+
+
+def test_a_profile_in_low_precision_runs_under_trainings_autocast(tiny, tiny_profile, one_thread):
+    """``compute_dtype="bf16"``: the pieces run under the autocast training uses, so the profile says what
+    bf16 costs here (on this box's CPU, without bf16 instructions, 5x fp32's time); activations are
+    saved in bf16 (0.56 of fp32's bytes: the blocks 0.47, the head more, its loss upcasts to fp32; the
+    parameters' bf16 copies, one per step and not per sample, are not activations), parameters and
+    their state stay fp32."""
+    config, model = tiny
+    low = measure(model, micro_batch=MB, seq_len=SEQ, vocab_size=config.vocab_size, budget_s=1.0,
+                  compute_dtype="bf16")
+    assert low.compute_dtype == "bf16" and tiny_profile.compute_dtype == "fp32"
+    assert [c.param_bytes for c in low.layers] == [c.param_bytes for c in tiny_profile.layers]
+    ratio = low.activation_bytes(1) / tiny_profile.activation_bytes(1)
+    assert 0.4 < ratio < 0.8, (ratio, str(low), str(tiny_profile))
+    assert DeviceProfile.from_dict(low.to_dict()) == low
+    assert all(p.grad is None for p in model.parameters())

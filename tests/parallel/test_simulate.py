@@ -145,7 +145,8 @@ def test_pipeline_transfers_across_islands_share_the_uplinks():
     into the receiver's), which the schedule's transfers share.  Replicas side by side share them too:
     no step ends before the busiest uplink has carried every replica's bytes (``uplink_floor_s``)."""
     from hcomm.parallel.pipeline.partition import evaluate
-    from hcomm.parallel.planner.pipeline import _Replica, transfer_costs, uplink_floor_s
+    from hcomm.parallel.planner.pipeline import _Replica
+    from hcomm.parallel.planner.pipeline_step import transfer_costs, uplink_floor_s
 
     v = view([1.0, 1.0, 1.0, 1.0], islands=[[0, 1], [2, 3]])
     assert v.transfer_links(0, 1) == ((0, 1),) and v.transfer_links(1, 0) == ((1, 0),)

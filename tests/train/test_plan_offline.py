@@ -53,3 +53,16 @@ def test_emulated_specs_stay_within_one_subnet_but_planned_ones_may_be_larger(tm
     with pytest.raises(SpecError, match="at most 150 nodes fit one emulated subnet, got 160"):
         load_spec(big)
     assert len(load_spec(big, max_nodes=None).nodes) == 160
+
+
+def test_offline_dtype_search_takes_each_kinds_faster_dtype_from_its_figures(tmp_path, capsys):
+    """``--dtype search``: the figures give bf16 16x fp32's peak on an A100 (312 vs 19.5 TFLOP/s) and 15x
+    on an H800, so every kind computes in bf16 and the saved plan says so (ZeRO plans run fp32 only:
+    under bf16 they are set aside)."""
+    spec = _spec(tmp_path / "c.yaml", nodes_per_island=(1, 1), per_node=2)
+    saved = tmp_path / "plan.yaml"
+    assert main(["--offline", "--cluster", spec, "--model", "llama-7b", "--seq-len", "2048", "--dtype", "search",
+                 "--save-plan", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "dtypes searched: fp32 (A100 fp32, H800 fp32): " in out and out.count("; chose faster per kind") == 1
+    assert [r.compute_dtype for r in Plan.load(str(saved)).ranks] == ["bf16"] * 4

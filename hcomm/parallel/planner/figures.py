@@ -169,4 +169,4 @@ def analytic_profile(config: Union[LlamaConfig, str], device: Union[str, DeviceF
     memory = figures.memory_bytes if memory_bytes is None else int(memory_bytes)
     budget = int(memory * USABLE_FRACTION)
     return DeviceProfile(rank, figures.name, micro_batch, seq_len, layers, budget, memory - budget,
-                         "figures", 0.0, "figures")
+                         "figures", 0.0, "figures", dtype)

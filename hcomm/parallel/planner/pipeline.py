@@ -27,13 +27,13 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from hcomm.parallel.pipeline.partition import MAX_NODES, MAX_ORDER_DEVICES, evaluate, parameter_cuts, uniform_cuts
 from hcomm.parallel.pipeline.schedule_choice import ScheduleChoice, choose_schedule, micro_batch_counts
 from hcomm.parallel.pipeline.schedule_cost import SCHEDULES, step_time
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
-from hcomm.parallel.planner.cost import side_by_side_allreduce_s
+from hcomm.parallel.planner.pipeline_step import replicas_step_s, transfer_costs, uplink_floor_s
 
 SPLITS = ("auto", "uniform", "parameters")
 # Up to this many devices the replica groupings by island are tried beside those by speed (each grouping
@@ -238,41 +238,6 @@ def _plan_grouping(view, replicas: List[List[int]], global_batch: int, boundary:
                 break
             rows = [n * unit for n in apportion(speed, global_batch // unit)]
     return best
-
-
-def transfer_costs(view) -> dict:
-    """The pipeline cost model's link arguments: each transfer's seconds, its ends' host time and the
-    links it occupies (``ClusterView.transfer_links``: between islands, the islands' uplinks)."""
-    return dict(link_s=view.p2p_s, host_s=view.p2p_host_s, links_of=view.transfer_links)
-
-
-def uplink_floor_s(view, replicas, boundary: int) -> float:
-    """Seconds the busiest uplink needs per step for every replica's activations and gradients between
-    islands (bytes over bandwidth, no latency).  Each replica is simulated alone, its own transfers
-    sharing its uplinks; replicas side by side share them too, and no step ends before the uplinks have
-    carried all of it.  A floor, not a queue: at low load the replicas' transfers rarely meet (charging
-    each the bytes of all replicas crossing predicted mixed's pp=2 11 % high)."""
-    load: Dict[Hashable, float] = {}
-    for rep in replicas:
-        if rep.part is None:
-            continue
-        nbytes = boundary * rep.part.micro_batch
-        stages = rep.part.stages
-        for st, nxt in zip(stages, stages[1:]):
-            for a, b in ((st.rank, nxt.rank), (nxt.rank, st.rank)):
-                if view.island_of(a) != view.island_of(b):
-                    wire = (view.p2p_s(a, b, nbytes) - view.p2p_s(a, b, 0)) * rep.part.micro_batches
-                    for link in view.transfer_links(a, b):
-                        load[link] = load.get(link, 0.0) + wire
-    return max(load.values(), default=0.0)
-
-
-def replicas_step_s(view, replicas, boundary: int) -> Tuple[float, float, float, float]:
-    """(step, slowest replica or the uplinks' floor, stage gradient sync, optimizer) of replicas side by side."""
-    slowest = max(max(r.step_s for r in replicas), uplink_floor_s(view, replicas, boundary))
-    sync_s = _stage_sync_s(view, replicas) if len(replicas) > 1 else 0.0
-    opt_s = _optimizer_s(view, replicas)
-    return slowest + sync_s + opt_s, slowest, sync_s, opt_s
 
 
 def _predict(view, replicas, rows, boundary, split, schedule, micro_batches, effort: Effort = EXACT,
@@ -539,32 +504,6 @@ def _island_like(view, ranks: Sequence[int], pattern: Sequence[int]) -> List[int
 def _order_of(part, ranks, view) -> List[int]:
     """Indices into ``ranks`` in pipeline order, from the partition's stage ranks."""
     return [ranks.index(r) for r in part.ranks]
-
-
-def _stage_sync_s(view, replicas) -> float:
-    """All-reduce of each stage position's gradients across the replicas, every position at once
-    (``cost.side_by_side_allreduce_s``; counted fully exposed: the buckets launch during each stage's
-    last backward, but the slowest replica's end bounds them)."""
-    first = next(r.part for r in replicas if r.part is not None)
-    grads: Dict[int, int] = {}
-    for st in first.stages:
-        pos = st.stage % len(first.busy_s)
-        grads[pos] = grads.get(pos, 0) + sum(c.grad_bytes for c in view.profiles[st.rank].layers[st.first:st.last])
-    return side_by_side_allreduce_s(view, [([rep.order[pos] for rep in replicas], b) for pos, b in grads.items()])
-
-
-def _optimizer_s(view, replicas) -> float:
-    total = sum(c.param_bytes for c in view.profiles[0].layers)
-    worst = 0.0
-    for rep in replicas:
-        if rep.part is None:
-            continue
-        held: Dict[int, int] = {}
-        for st in rep.part.stages:
-            held[st.rank] = held.get(st.rank, 0) + sum(c.param_bytes
-                                                         for c in view.profiles[st.rank].layers[st.first:st.last])
-        worst = max(worst, *(view.optimizer_s[r] * b / total for r, b in held.items()))
-    return worst
 
 
 def _to_plan(view, replicas, choice: Optional[ScheduleChoice], global_batch: int, seq_len: int, name: str,

@@ -14,9 +14,10 @@ Objective: seconds per step; with ``prices`` (per device kind, any currency per 
 million tokens is reported too and ranks the plans (every plan here runs on every device, so both
 orders agree until plans that leave devices unlaunched exist).
 
-Not searched (stated in the result's notes): per-device dtypes (profiles are measured in one dtype,
-so no model of their speed exists here -- ``--precision per-device`` applies the device table's rule
-on top) and sequence parallelism (a memory trade the cost model does not price yet).
+The search runs on the view's profiles as they are, in one dtype per rank; ``planner.dtypes`` runs it
+on each assignment of dtypes to device kinds when every rank also measured its low precision
+(``--precision search``).  Not searched (stated in the result's notes): sequence parallelism (a memory
+trade the cost model does not price yet).
 """
 from __future__ import annotations
 
@@ -192,13 +193,18 @@ def search(view, global_batch: int, seq_len: int, *, dim: int, kv_heads: int, al
     if not candidates or not candidates[0].usable:
         raise ValueError(_nothing_fits(candidates))
     result = SearchResult(candidates[0], candidates, time.perf_counter() - start)
-    result.notes = [f"searched {len(candidates)} plans over (pp, tp) shapes and data-parallel variants in "
-                    f"{result.seconds:.2f} s; chose {result.best.label}: {result.best.sim.account}",
-                    "not searched: per-device dtypes (no speed model per dtype; --precision per-device applies "
-                    "the device table on top) and sequence parallelism"]
-    result.notes += [f"runner-up {c.label}: {c.step_s * 1e3:.0f} ms ({c.step_s / result.best.step_s:.2f}x)"
-                     for c in candidates[1:6] if c.usable]
+    result.notes = describe(result, view)
     return result
+
+
+def describe(result: SearchResult, view) -> List[str]:
+    """The result's notes: what was searched and chosen, and the runners-up that can run."""
+    return [f"searched {len(result.candidates)} plans over (pp, tp) shapes and data-parallel variants in "
+            f"{result.seconds:.2f} s; chose {result.best.label}: {result.best.sim.account}",
+            "dtypes: as profiled (" + dtypes_of(view) + "; --precision search weighs each kind's low precision "
+            "by its profiles); not searched: sequence parallelism",
+            *[f"runner-up {c.label}: {c.step_s * 1e3:.0f} ms ({c.step_s / result.best.step_s:.2f}x)"
+              for c in result.candidates[1:6] if c.usable]]
 
 
 def _data_candidates(view, global_batch: int, seq_len: int, attempt, allow_async: bool,
@@ -223,6 +229,14 @@ def _data_candidates(view, global_batch: int, seq_len: int, attempt, allow_async
         if allow_async:
             for h in (4, 8):
                 attempt(f"dp, islands sync every {h}", lambda h=h: data(sync_every=h, name=f"search dp H={h}"))
+
+
+def dtypes_of(view) -> str:
+    """"A100 fp32, V100 fp16": the dtype each kind's profiles were measured in."""
+    seen: Dict[str, str] = {}
+    for kind, profile in zip(view.devices, view.profiles):
+        seen.setdefault(kind, getattr(profile, "compute_dtype", "fp32"))
+    return ", ".join(f"{k} {d}" for k, d in seen.items())
 
 
 def _nothing_fits(candidates: List[Candidate]) -> str:

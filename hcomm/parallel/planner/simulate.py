@@ -10,7 +10,7 @@ the plan was made, and it is the same model the builders choose with:
   with prefetch, per micro-batch round;
 - pipelines: ``partition.evaluate`` per replica -- the schedule simulated action by action from each
   stage device's piece costs and the links between them -- plus the replicas' stage-gradient
-  all-reduce and the optimizer on the largest stage (``pipeline._stage_sync_s`` / ``_optimizer_s``);
+  all-reduce and the optimizer on the largest stage (``pipeline_step.stage_sync_s`` / ``optimizer_s``);
 - tensor parallelism: ``tensor.tensor_step_s`` -- the slowest group's share plus its all-reduces;
 - pipelines of TP groups: every TP group becomes one device (``pipeline_tensor.group_view``) and the
   pipeline model runs on that view.
@@ -128,7 +128,8 @@ def _tensor_memory(plan, view) -> List[int]:
 def _replicas(plan, view, pipes, dim: int):
     """Each pipeline's prediction (``pipeline._Replica``) from its ranks in order, cuts and schedule."""
     from hcomm.parallel.pipeline.partition import evaluate
-    from hcomm.parallel.planner.pipeline import _Replica, boundary_bytes, moved, replica_key, transfer_costs
+    from hcomm.parallel.planner.pipeline import _Replica, boundary_bytes, moved, replica_key
+    from hcomm.parallel.planner.pipeline_step import transfer_costs
 
     out = []
     done = {}   # thousands of replicas of a few device patterns: each pattern simulated once
@@ -151,7 +152,7 @@ def _replicas(plan, view, pipes, dim: int):
 
 
 def _pipeline_totals(view, replicas, boundary: int):
-    from hcomm.parallel.planner.pipeline import replicas_step_s
+    from hcomm.parallel.planner.pipeline_step import replicas_step_s
 
     step, slowest, sync, opt = replicas_step_s(view, replicas, boundary)
     return step, (f"{step * 1e3:.0f} ms = slowest replica (or the uplinks' load) {slowest * 1e3:.0f} + "
