@@ -8,10 +8,15 @@ shared device); when a plan starts, rank 0 gets its speed back.  Measured per pl
 the slowdown, after it (from ``SLOW_AT + 5`` on: detection plus the re-split), the re-splits, and
 the losses (a re-split moves rows, not the global batch, so both runs' losses agree).
 
+``--pp N``: the same with the auto pipeline of N stages per replica, watched (``@straggler=0.3``: a
+pipeline re-cuts its layers and moves their state, ``pipeline.restage``) and not; writes
+``train-straggler-pp<N>-<date>.md``.
+
 Writes ``benchmarks/results/train-straggler-<date>.md`` (+ JSON and plot).  Needs root (emulator).
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -28,6 +33,7 @@ STEPS = 40
 SLOW_AT = 12          # progress lines come every STEPS // 10 steps: 1, 4, 8, 12, ...
 SLOW_RANK, SLOW_SPEED = 0, 0.25
 PLANS = "auto,auto@straggler=0"
+PIPELINE_PLANS = "auto@straggler=0.3,auto@straggler=0"
 
 
 class Trigger:
@@ -58,11 +64,16 @@ def main() -> int:
     from hcomm.emulate.cluster import Cluster
     from hcomm.emulate.launch import run_on
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages per replica (1: data parallelism)")
+    pp = parser.parse_args().pp
+    plans = PLANS if pp == 1 else PIPELINE_PLANS
+
     date = datetime.date.today().isoformat()
-    stem = os.path.join(RESULTS, f"train-straggler-{date}")
+    stem = os.path.join(RESULTS, f"train-straggler{'' if pp == 1 else f'-pp{pp}'}-{date}")
     argv = [sys.executable, "-m", "hcomm.train.worker", "--cluster", "mixed", "--model", "small", "--seq-len", "64",
-            "--global-batch", "24", "--steps", str(STEPS), "--plan", PLANS, "--json", stem + ".json",
-            "--plot", stem + ".png"]
+            "--global-batch", "24", "--steps", str(STEPS), "--plan", plans, "--json", stem + ".json",
+            "--plot", stem + ".png", "--pp", str(pp)]
     log: list = []
     with Cluster("mixed") as cluster:
         trigger = Trigger(cluster, log)
@@ -72,7 +83,7 @@ def main() -> int:
         return code
     with open(stem + ".json") as f:
         doc = json.load(f)
-    write(doc, trigger.events, stem, date, log)
+    write(doc, trigger.events, stem, date, log, plans)
     return 0
 
 
@@ -80,13 +91,13 @@ def _median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def write(doc, events, stem: str, date: str, log) -> None:
+def write(doc, events, stem: str, date: str, log, plans: str) -> None:
     runs = {r["plan"]["name"]: r for r in doc["runs"]}
     lines = [f"# A straggler appears mid-run: re-split on drift vs keep the plan, {date}", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores; Python {platform.python_version()}, torch "
              f"{doc['environment']['torch']}.  Produced by `benchmarks/train/bench_straggler.py` on the emulated "
              f"`mixed` cluster (A100 x2 @1.0, V100 x2 @0.5), model small ({doc['model']['parameters'] / 1e6:.1f}M), "
-             f"{STEPS} steps x 24 x 64 tokens; plans `{PLANS}` in one run.  At step {SLOW_AT} of each plan rank "
+             f"{STEPS} steps x 24 x 64 tokens; plans `{plans}` (`--pp {doc['args'].get('pp', 1)}`) in one run.  At step {SLOW_AT} of each plan rank "
              f"{SLOW_RANK}'s CPU quota drops to {SLOW_SPEED} of an A100's.  JSON and plot: "
              f"`{os.path.basename(stem)}.json/.png`.", "",
              "| plan | ms/step before (steps 4-11) | ms/step after (steps 17-40) | slowdown | re-splits (after step: counts) "
@@ -103,8 +114,9 @@ def write(doc, events, stem: str, date: str, log) -> None:
         tail = losses[-len(losses) // 4:]
         lines.append(f"| {name} | {before * 1e3:.0f} | {late * 1e3:.0f} | {late / before:.2f}x | "
                      f"{'; '.join(splits) or '-'} | {sum(tail) / len(tail):.4f} |")
-    if "auto" in after and "auto@straggler=0" in after:
-        lines += ["", f"- after the slowdown, re-splitting on drift runs **{after['auto@straggler=0'] / after['auto']:.2f}x** "
+    watched, kept = plans.split(",")
+    if watched in after and kept in after:
+        lines += ["", f"- after the slowdown, re-planning on drift runs **{after[kept] / after[watched]:.2f}x** "
                       f"the tokens/s of keeping the plan"]
     lines += [f"- speed changes applied (progress step, speed of rank {SLOW_RANK}): {events}", "", "```",
               *[line.split("] ", 1)[-1] for line in log if " r0] " in line][-16:], "```"]

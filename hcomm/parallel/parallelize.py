@@ -58,6 +58,9 @@ def make_groups(default_group=None) -> Groups:
 @dataclass
 class StepTimes:
     compute_s: float = 0.0      # forward + backward of this rank's samples
+    # inside its own forwards and backwards: a pipeline's compute_s also holds waiting for the other
+    # stages (every rank's is the slowest's); elsewhere the same as compute_s
+    busy_s: float = 0.0
     sync_wait_s: float = 0.0    # after backward until every bucket is reduced (exposed comm + waiting for peers)
     optimizer_s: float = 0.0
     outer_s: float = 0.0        # cross-island outer sync (0 on inner steps)
@@ -110,13 +113,13 @@ class ParallelModel:
             if self.precision is not None:
                 self.pipe.loss_fn.scale = times.loss_scale = self.precision.scale
             done = self.pipe.step(rows, self.plan.global_batch)
-            times.compute_s, times.sync_wait_s = done.compute_s, done.sync_wait_s
+            times.compute_s, times.sync_wait_s, times.busy_s = done.compute_s, done.sync_wait_s, done.busy_s
             times.local_loss, times.global_loss = done.loss, done.global_loss
             if self.tp_position:   # a TP group's loss is counted once, on its first rank
                 times.local_loss = float("nan")
         elif self.ddp is not None:
             times.local_loss = self._ddp_forward_backward(rows)
-            times.compute_s = time.perf_counter() - start
+            times.compute_s = times.busy_s = time.perf_counter() - start
         else:
             self.sync.zero_grad()
             if self.precision is not None:
@@ -127,7 +130,7 @@ class ParallelModel:
                 times.local_loss = self._forward_backward(rows)
                 if self.tp_position:   # the TP group's loss is counted once, on its first rank
                     times.local_loss = float("nan")
-            times.compute_s = time.perf_counter() - start
+            times.compute_s = times.busy_s = time.perf_counter() - start
             times.sync_wait_s = self.sync.wait()
             times.global_loss = self.sync.global_loss()
         t = time.perf_counter()

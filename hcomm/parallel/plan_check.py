@@ -109,17 +109,18 @@ def check_plan(plan: Any, world_size: Optional[int]) -> None:
 
 
 def _check_stragglers(plan: Any) -> None:
-    """Re-splitting on drift moves rows between ranks: plain hcomm data parallelism only (a ZeRO shard,
-    a pipeline's stages or a TP split would have to move too)."""
+    """Re-planning on drift re-splits the rows of plain hcomm data parallelism, or re-cuts a pipeline's
+    layers and moves their state (``pipeline.restage``); a ZeRO shard's or a TP split's state has no
+    such move yet."""
     watched = [g.name for g in plan.groups if g.straggler_margin]
     if not watched:
         return
     other = ("backend " + plan.backend if plan.backend != "hcomm" else
              "ZeRO" if any(r.zero_stage for r in plan.ranks) else
-             "pipelines" if plan.pipeline_groups() else "tensor parallelism" if plan.tensor_groups() else "")
+             "tensor parallelism" if plan.tensor_groups() else "")
     if other:
-        raise PlanError(f"groups {watched}: straggler_margin re-splits the batch of plain hcomm data parallelism, "
-                        f"not with {other}")
+        raise PlanError(f"groups {watched}: straggler_margin re-splits the batch of plain hcomm data parallelism "
+                        f"or re-cuts a pipeline's layers, not with {other}")
 
 
 def _check_top(plan: Any) -> None:

@@ -50,9 +50,11 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
                    help="with --sync-every: run the cross-island all-reduce behind the next inner steps")
     p.add_argument("--resplit-after", type=int, default=3,
                    help="auto: re-split the batch by the compute measured in the first N steps (0 = never)")
-    p.add_argument("--straggler-margin", type=float, default=0.3,
-                   help="auto: re-split the batch whenever a rank's seconds per sample drift more than this "
-                        "fraction from what it showed after the last split, 3 steps in a row (0 = never)")
+    p.add_argument("--straggler-margin", type=float, default=None,
+                   help="auto: re-plan whenever a rank's seconds per sample drift more than this fraction from "
+                        "what it showed after the last (re)plan, 3 steps in a row (0 = never): data parallelism "
+                        "re-splits the batch (default 0.3), a pipeline re-cuts its layers and moves their state "
+                        "(default off: set it where speeds drift)")
     p.add_argument("--compress", default="none", help="inter-island wire format: none, bf16, fp16, fp8e4m3[:ef], ...")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded (uniform: torch's "
@@ -124,7 +126,7 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--lr must be > 0, got {args.lr}")
     if args.resplit_after < 0:
         p.error(f"--resplit-after must be >= 0, got {args.resplit_after}")
-    if not args.straggler_margin >= 0:
+    if args.straggler_margin is not None and not args.straggler_margin >= 0:
         p.error(f"--straggler-margin must be >= 0 (0 = never), got {args.straggler_margin}")
     if args.sync_every < 1:
         p.error(f"--sync-every must be >= 1, got {args.sync_every}")

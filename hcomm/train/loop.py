@@ -39,7 +39,7 @@ class PlanResult:
     predicted_step_s: float = float("nan")
     counts: List[int] = field(default_factory=list)  # samples per rank at the end (after any re-split)
     resplit: dict = field(default_factory=dict)      # what re-splitting by measured compute changed
-    replans: List[dict] = field(default_factory=list)  # re-splits after a rank drifted (straggler.py)
+    replans: List[dict] = field(default_factory=list)  # re-splits / pipeline re-cuts after a rank drifted (drift.py)
 
 
 def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
@@ -72,7 +72,11 @@ def _evaluate(model, eval_tokens: torch.Tensor, batches: int, global_batch: int,
     return sum(losses) / len(losses)
 
 
-def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, world: int) -> PlanResult:
+def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, world: int,
+               replanner=None) -> PlanResult:
+    """``replanner``: what cuts a watched pipeline again (``plans.replanner_for``); data parallelism
+    re-splits its rows without one."""
+    from hcomm.train import drift
     from hcomm.train.data import GlobalBatches
 
     batches = GlobalBatches(train_tokens, plan.seq_len, plan.global_batch, seed=args.seed)
@@ -83,7 +87,11 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
     resplit: dict = {}
     replans: List[dict] = []
     dp = plan.dp_group()
+    if dp.straggler_margin and pm.pipe is not None and replanner is None:
+        raise ValueError(f"plan {plan.name!r} watches a pipeline for stragglers but nothing can re-plan it "
+                         f"(hcomm train makes its replanner; a plan file's pipeline cannot be re-cut)")
     watch = StragglerWatch(dp.straggler_margin, dp.straggler_patience) if dp.straggler_margin else None
+    tell_step, slow_handles = drift.slow_hook(model, rank)
     first, every = _resume(args, plan, pm, optimizer, mine, groups.default, rank, world)
     bar = _progress(args.steps, rank)
     dist.barrier(group=groups.default)
@@ -96,6 +104,8 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
             from hcomm.train.checkpoint import fault_hook
 
             fault_hook(rank, step)
+        if tell_step is not None:
+            tell_step(step)
         t = pm.train_step(lambda offset, count: batches.rows(step, offset, count), optimizer)
         mine.append(dict(asdict(t), end=time.perf_counter() - loop_start, samples=pm.samples))
         _show(bar, rank, step, args.steps, t, tokens_per_step)
@@ -103,11 +113,17 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
             resplit = _resplit(pm, mine, plan, groups.default, rank, world)
         elif watch is not None and step >= max(1, dp.rebalance_after) and step + 1 < args.steps:
             # step 0 has first-call costs; the watch's baseline starts after the first re-split
-            per_sample, counts = _per_sample_everywhere(t.compute_s, pm.samples, groups.default, rank, world)
+            per_sample, counts = drift.per_sample_everywhere(t.busy_s, pm.samples, groups.default, rank, world)
             drifted = watch.observe(per_sample)
+            if drifted and pm.pipe is not None:
+                pm, optimizer, record = drift.recut_pipeline(pm, optimizer, replanner, per_sample,
+                                                             watch.drift(per_sample), drifted, step + 1,
+                                                             make_optimizer, args.lr, rank)
+                replans.append(record)
+            elif drifted:
+                replans.append(drift.resplit_rows(pm, per_sample, counts, watch.drift(per_sample), drifted,
+                                                  step + 1, plan, rank))
             if drifted:
-                replans.append(_replan(pm, per_sample, counts, watch.drift(per_sample), drifted, step + 1, plan,
-                                       rank))
                 watch.reset()
         if every and (step + 1) % every == 0 and step + 1 < args.steps:
             # after any re-split of this step: a resumed run starts from the shares it had
@@ -117,6 +133,8 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
                         groups.default)
             if rank == 0:
                 print(f"hcomm train: checkpoint after step {step + 1}: {path}", flush=True)
+    for handle in slow_handles:
+        handle.remove()
     del optimizer  # ZeRO: its shard state goes before finish() gathers whole parameters for the eval
     if mine:
         mine[-1]["outer_s"] += pm.finish()  # islands that sync every H steps agree before the eval
@@ -204,34 +222,6 @@ def _resplit(pm, mine: List[dict], plan, group, rank: int, world: int) -> dict:
         print(f"hcomm train: re-split after {len(mine)} steps by measured ms/sample "
               f"{[round(s * 1e3) for s in per_sample]}: {old} -> {new}", flush=True)
     return {"after_steps": len(mine), "ms_per_sample": [s * 1e3 for s in per_sample], "from": old, "to": new}
-
-
-def _per_sample_everywhere(compute_s: float, samples: int, group, rank: int, world: int):
-    """(every rank's compute seconds per sample of this step, nan where it ran none; every rank's
-    samples), the same on every rank: one all-reduce of a vector where each rank fills its own slots
-    (adding zeros is exact, so every rank takes the same decision without a broadcast)."""
-    mine = torch.zeros(2 * world, dtype=torch.float64)
-    mine[rank], mine[world + rank] = compute_s, samples
-    dist.all_reduce(mine, group=group)
-    seconds, counts = mine[:world].tolist(), [int(n) for n in mine[world:].tolist()]
-    return [s / n if n else math.nan for s, n in zip(seconds, counts)], counts
-
-
-def _replan(pm, per_sample: List[float], old: List[int], drift: List[float], drifted: List[int], after: int,
-            plan, rank: int) -> dict:
-    """Re-split by the seconds per sample just measured (ranks that ran no samples stay out)."""
-    from hcomm.parallel.planner.data import rebalanced_counts
-
-    new = rebalanced_counts([s if not math.isnan(s) else 1.0 for s in per_sample], plan.global_batch, old)
-    if new != old:
-        pm.resplit(new)
-    if rank == 0:
-        print(f"hcomm train: rank(s) {drifted} drifted "
-              + ", ".join(f"{drift[r]:+.0%}" for r in drifted)
-              + f" from their seconds per sample for {plan.dp_group().straggler_patience} steps: re-split after "
-                f"step {after}: {old} -> {new}", flush=True)
-    return {"after_steps": after, "drifted": drifted, "drift": [drift[r] for r in drifted],
-            "ms_per_sample": [s * 1e3 for s in per_sample], "from": old, "to": new}
 
 
 def _global_losses(mine: List[dict], plan, group, rank: int) -> List[float]:

@@ -41,6 +41,7 @@ from hcomm.train.trial import TRIAL_PLANS, distinct_kinds
 KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "straggler", "trial", "zero",
         "prefetch", "pp", "split", "schedule", "microbatches", "precision", "tp", "sp")
 PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp", "sp")
+DP_STRAGGLER_MARGIN = 0.3   # auto data parallelism re-splits on drift by default: only rows move
 
 
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
@@ -212,7 +213,7 @@ def _data_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
         plan.name = plan.name or os.path.basename(base)
     if (base == "auto" and plan.dp_group().sync_every == 1 and not _zero_stage(args, pins)
             and args.dp_shares is None and "shares" not in pins):   # plain DP, shares not pinned: follow drift
-        plan.dp_group().straggler_margin = float(pins.get("straggler", getattr(args, "straggler_margin", 0.0)))
+        plan.dp_group().straggler_margin = _straggler_margin(args, pins, DP_STRAGGLER_MARGIN)
     if base in ("auto", "equal", "uniform") and _zero_stage(args, pins):
         apply_zero(plan, view, _zero_stage(args, pins), base, layout=getattr(args, "zero_layout", "auto"),
                    prefetch=int(pins.get("prefetch", getattr(args, "prefetch", 1))))
@@ -246,12 +247,35 @@ def pipeline_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
     _rows_from_planner(args, entry, pins, "a pipeline's rows per replica", "--pp")
     split = pins.get("split", "uniform" if base == "uniform" else "auto")
     micro = pins.get("microbatches", getattr(args, "microbatches", None))
-    return plan_pipeline(view, args.global_batch, args.seq_len, stages=_pipeline_stages(args, pins), split=split,
+    plan = plan_pipeline(view, args.global_batch, args.seq_len, stages=_pipeline_stages(args, pins), split=split,
                          boundary=boundary_bytes(get_config(args.model).dim, args.seq_len),
                          schedule=pins.get("schedule", getattr(args, "schedule", None)),
                          micro_batches=int(micro) if micro else None, name=entry,
                          bucket_bytes=_bucket_bytes(args, pins),
                          compression=pins.get("compress", args.compress))
+    if base == "auto":   # re-cut the layers on drift (off unless asked: it moves state)
+        plan.dp_group().straggler_margin = _straggler_margin(args, pins, 0.0)
+    return plan
+
+
+def _straggler_margin(args, pins: Dict[str, str], default: float) -> float:
+    """The ``@straggler=`` pin, else ``--straggler-margin``, else ``default``."""
+    given = getattr(args, "straggler_margin", None)
+    return float(pins.get("straggler", default if given is None else given))
+
+
+def replanner_for(args, view, plan):
+    """What re-plans ``plan`` when its ranks drift (``train.loop``), or None when nothing watches it.
+    Plain data parallelism re-splits its rows without one; a pipeline is cut again by the same planner
+    call that made it, on the drifted speeds (``planner.replan``)."""
+    if not plan.dp_group().straggler_margin or not plan.pipeline_groups():
+        return None
+    from hcomm.parallel.planner.replan import PipelineReplanner
+
+    base, pins = parse_entry(plan.name)
+    if base != "auto":   # a plan file or a searched plan: no planner call to repeat
+        return None
+    return PipelineReplanner(view, lambda v, old: pipeline_plan(args, v, old.name, base, pins))
 
 
 def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):

@@ -45,7 +45,7 @@ def side_by_side(args, plans, results, view) -> str:
     for plan, res in zip(plans, results):
         for r in res.replans:
             lines.append(f"  {plan.name}: after step {r['after_steps']} rank(s) {r['drifted']} drifted "
-                         + ", ".join(f"{d:+.0%}" for d in r["drift"]) + f": re-split {r['from']} -> {r['to']}")
+                         + ", ".join(f"{d:+.0%}" for d in r["drift"]) + f": {r.get('what', 're-split')} {r['from']} -> {r['to']}")
     lines.append("")
     lines.append("per rank, mean ms per step after warm-up: compute / comm not hidden / idle (waiting for peers)")
     for plan, res in zip(plans, results):

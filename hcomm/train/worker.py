@@ -308,7 +308,10 @@ def run(args) -> int:
         for plan in plans:
             _log(rank, f"plan '{plan.name}':\n{plan}")
             model, _ = build(args, data.vocab_size)
-            results.append(train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank, world))
+            from hcomm.train.plans import replanner_for
+
+            results.append(train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank, world,
+                                      replanner=replanner_for(args, view, plan)))
             del model
             gc.collect()   # the plan's hooks hold its model in cycles; a small-memory rank needs it back
         if rank == 0:

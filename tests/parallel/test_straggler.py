@@ -40,7 +40,8 @@ def test_bad_settings_are_named():
     plan.dp_group().straggler_margin = 0.3
     plan.backend = "ddp-gloo"
     with pytest.raises(PlanError, match=r"groups \['dp'\]: straggler_margin re-splits the batch of plain hcomm "
-                                        r"data parallelism, not with backend ddp-gloo"):
+                                        r"data parallelism or re-cuts a pipeline's layers, not with backend "
+                                        r"ddp-gloo"):
         plan.validate()
     plan.backend = "hcomm"
     plan.ranks[0].zero_stage = plan.ranks[1].zero_stage = 1

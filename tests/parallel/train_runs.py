@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -14,12 +14,14 @@ TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", 
         "--data-bytes", "600000", "--profile-budget", "1", "--eval-batches", "2"]
 
 
-def train_local(tmp, plans: List[str], steps: int, *extra: str) -> Tuple[Dict[str, dict], str]:
+def train_local(tmp, plans: List[str], steps: int, *extra: str, env: Optional[Dict[str, str]] = None
+                ) -> Tuple[Dict[str, dict], str]:
     """Every plan of ``plans`` trained ``steps`` steps in one run; (runs by plan name, stdout).
-    A failing run fails the test with the lines that say why and the full log's path."""
+    ``env``: settings for this run.  A failing run fails the test with the lines that say why and the
+    full log's path."""
     out_json = tmp / "run.json"
     env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp / "data"),
-               HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1")
+               HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1", **(env or {}))
     out = subprocess.run([sys.executable, "-m", "hcomm", "train", *TINY, "--steps", str(steps), "--warmup-steps", "1",
                           *extra, "--plan", ",".join(plans), "--json", str(out_json)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

@@ -83,6 +83,7 @@ class PipelineStep:
     loss: float = float("nan")         # this pipeline's mean loss over its rows (ranks holding the last stage)
     global_loss: float = float("nan")  # the global batch's mean loss (last-stage ranks; = loss without DP)
     compute_s: float = 0.0             # the schedule: forward, backward and the pipeline's own sends/receives
+    busy_s: float = 0.0                # inside this rank's forwards and backwards only (no waiting for peers)
     sync_wait_s: float = 0.0           # after the schedule until every gradient bucket is reduced (DP only)
 
 
@@ -205,8 +206,35 @@ def check_schedule(schedule: str, n_stages: int, n_ranks: int, n_microbatches: i
                          f"for {n_stages} stages")
 
 
-class _SyncedStage(PipelineStage):
-    """torch's PipelineStage with one override: GradSync's accumulate/launch switch.
+class _TimedStage(PipelineStage):
+    """torch's PipelineStage, counting the seconds spent inside its forwards and backwards.
+
+    The schedule's wall time is the same on every rank of a pipeline (each waits for the slowest);
+    only the time inside a stage's own chunks says which rank got slower (``train.loop``'s straggler
+    watch re-partitions the layers by it).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.busy_s = 0.0
+
+    def forward_one_chunk(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super().forward_one_chunk(*args, **kwargs)
+        finally:
+            self.busy_s += time.perf_counter() - start
+
+    def backward_one_chunk(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super().backward_one_chunk(*args, **kwargs)
+        finally:
+            self.busy_s += time.perf_counter() - start
+
+
+class _SyncedStage(_TimedStage):
+    """A timed stage with one more override: GradSync's accumulate/launch switch.
 
     ``backward_one_chunk`` is where every torch schedule says whether this is the
     stage's last backward of the step; earlier micro-batches run inside
@@ -230,7 +258,7 @@ class _SyncedStage(PipelineStage):
 
 def _make_stage(module, stage_index, n_stages, device, group, sync) -> PipelineStage:
     if sync is None:
-        return PipelineStage(module, stage_index, n_stages, torch.device(device), group=group)
+        return _TimedStage(module, stage_index, n_stages, torch.device(device), group=group)
     return _SyncedStage(module, stage_index, n_stages, torch.device(device), group=group, grad_sync=sync)
 
 
@@ -294,6 +322,7 @@ class Pipeline:
 
             self.sync = GradSync(nn.ModuleList(self.modules), dp_group, weight=1.0, bucket_bytes=bucket_bytes)
         self._schedule = None
+        self._stages: List[_TimedStage] = []
         self._shape = None
         if self._order is not None:
             self._build_schedule()  # lowers the order now: an order that would deadlock fails here, not mid-step
@@ -336,6 +365,8 @@ class Pipeline:
             if self.sync is not None:
                 self.sync.weight = n / global_batch
             self._ensure_schedule((n // self.n_microbatches, seq))
+            for stage in self._stages:
+                stage.busy_s = 0.0
             self.loss_fn.token_count = n * seq
             losses: List[torch.Tensor] = []
             args = (rows[:, :-1],) if self.holds_first else ()
@@ -349,6 +380,7 @@ class Pipeline:
                     if p.grad is not None:
                         p.grad.div_(scale)
         result.compute_s = time.perf_counter() - start
+        result.busy_s = sum(stage.busy_s for stage in self._stages) if n else 0.0
         if self.sync is not None:
             result.sync_wait_s = self.sync.wait()
             if self.holds_last:
@@ -380,6 +412,7 @@ class Pipeline:
     def _build_schedule(self) -> None:
         stages = [_make_stage(m, s, self.n_stages, self.device, self.group, self.sync)
                   for m, s in zip(self.modules, self.stage_indices)]
+        self._stages = stages
         common = dict(loss_fn=self.loss_fn, scale_grads=False)  # TokenSumLoss already divides by the batch's tokens
         if self.schedule_name == "gpipe":
             self._schedule = ScheduleGPipe(stages[0], self.n_microbatches, **common)

@@ -1,0 +1,113 @@
+"""What the training loop does when a rank's speed drifts (``parallel.straggler`` decides when).
+
+- Plain data parallelism re-splits the batch by the seconds per sample just measured: only rows move.
+- A pipeline is cut again by the planner on the drifted speeds (``planner.replan``) and its state --
+  parameters and AdamW's moments of the pieces that change hands -- moves there in memory
+  (``pipeline.restage``), at the step boundary: nothing is lost, the next step trains on the new cuts.
+
+Also the rehearsal hook ``HCOMM_TRAIN_SLOW``: a rank that turns slow mid-run, on any box.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from hcomm.settings import declare
+
+HCOMM_TRAIN_SLOW = declare(
+    "HCOMM_TRAIN_SLOW", "",
+    "test hook for hcomm train: 'RANK:STEP:SECONDS' makes rank RANK sleep SECONDS per sample in the forward of "
+    "every piece it computes from step STEP (0-based) on, to rehearse a device that turned slow mid-run")
+
+
+def per_sample_everywhere(busy_s: float, samples: int, group, rank: int, world: int):
+    """(every rank's busy seconds per sample of this step, nan where it ran none; every rank's
+    samples), the same on every rank: one all-reduce of a vector where each rank fills its own slots
+    (adding zeros is exact, so every rank takes the same decision without a broadcast)."""
+    mine = torch.zeros(2 * world, dtype=torch.float64)
+    mine[rank], mine[world + rank] = busy_s, samples
+    dist.all_reduce(mine, group=group)
+    seconds, counts = mine[:world].tolist(), [int(n) for n in mine[world:].tolist()]
+    return [s / n if n else math.nan for s, n in zip(seconds, counts)], counts
+
+
+def _said(drift: List[float], drifted: List[int]) -> str:
+    return f"rank(s) {drifted} drifted " + ", ".join(f"{drift[r]:+.0%}" for r in drifted)
+
+
+def resplit_rows(pm, per_sample: List[float], old: List[int], drift: List[float], drifted: List[int],
+                 after: int, plan, rank: int) -> dict:
+    """Data parallelism: re-split by the seconds per sample just measured (ranks that ran no samples
+    stay out)."""
+    from hcomm.parallel.planner.data import rebalanced_counts
+
+    new = rebalanced_counts([s if not math.isnan(s) else 1.0 for s in per_sample], plan.global_batch, old)
+    if new != old:
+        pm.resplit(new)
+    if rank == 0:
+        print(f"hcomm train: {_said(drift, drifted)} from their seconds per sample for "
+              f"{plan.dp_group().straggler_patience} steps: re-split after step {after}: {old} -> {new}", flush=True)
+    return {"after_steps": after, "drifted": drifted, "drift": [drift[r] for r in drifted],
+            "ms_per_sample": [s * 1e3 for s in per_sample], "from": old, "to": new}
+
+
+def recut_pipeline(pm, optimizer, replanner, per_sample: List[float], drift: List[float], drifted: List[int],
+                   after: int, build_optimizer, lr: float, rank: int):
+    """A pipeline: rank 0 plans again on the drifted speeds (every rank gets its plan, or its
+    ValueError), the state moves to the new cuts.  (new ParallelModel, new optimizer, record)."""
+    from hcomm.parallel.pipeline.restage import restage
+    from hcomm.parallel.plan import Plan
+    from hcomm.train.worker import _on_rank0
+
+    factors = [1.0 + d if math.isfinite(d) else 1.0 for d in drift]
+    old = pm.plan
+    text = _on_rank0(lambda: replanner.replan(old, factors).to_yaml(), rank)
+    plan = Plan.from_yaml(text)
+    start = time.perf_counter()
+    pm, optimizer = restage(pm, optimizer, plan, build_optimizer, lr)
+    moved_s = time.perf_counter() - start
+    cuts, new_cuts = _layout(old), _layout(plan)
+    if rank == 0:
+        print(f"hcomm train: {_said(drift, drifted)} from their busy seconds per sample for "
+              f"{old.dp_group().straggler_patience} steps: re-cut the pipeline after step {after} "
+              f"(ranks, piece cuts, rows, micro-batches): {cuts} -> {new_cuts}; {plan.notes[0]}; state moved in "
+              f"{moved_s * 1e3:.0f} ms", flush=True)
+    record = {"after_steps": after, "drifted": drifted, "drift": [drift[r] for r in drifted], "what": "re-cut",
+              "ms_per_sample": [s * 1e3 for s in per_sample], "from": cuts, "to": new_cuts,
+              "predicted_ms": (plan.predicted_step_s or math.nan) * 1e3, "moved_s": moved_s}
+    return pm, optimizer, record
+
+
+def _layout(plan) -> List[list]:
+    """Per pipeline replica: [its ranks in stage order, its piece cuts, its rows, its micro-batches]."""
+    counts = plan.batch_counts()
+    return [[g.ranks, g.cuts, counts[g.ranks[0]], g.micro_batches] for g in plan.pipeline_groups()]
+
+
+def slow_hook(model, rank: int):
+    """The ``HCOMM_TRAIN_SLOW`` rehearsal on ``model``'s pieces: (a callable the loop tells each step's
+    index, the hook handles to remove), or (None, []) when unset or for another rank."""
+    value = HCOMM_TRAIN_SLOW.get()
+    if not value:
+        return None, []
+    try:
+        who, start, seconds = value.split(":")
+        who, start, seconds = int(who), int(start), float(seconds)
+    except ValueError:
+        raise ValueError(f"HCOMM_TRAIN_SLOW={value!r}: expected RANK:STEP:SECONDS, e.g. 1:4:0.05") from None
+    if who != rank:
+        return None, []
+    from hcomm.models.llama import layer_modules
+
+    now = {"step": 0}
+
+    def sleep(module, inputs):
+        if now["step"] >= start:
+            time.sleep(seconds * inputs[0].shape[0])
+
+    handles = [piece.register_forward_pre_hook(sleep) for piece in layer_modules(model)]
+    return (lambda step: now.__setitem__("step", step)), handles

@@ -1,0 +1,69 @@
+"""A pipeline whose layers are cut again mid-run (``pipeline.restage``), for test_pipeline_recut.py:
+the real ``ParallelModel`` on every rank of a bare pool, plan A for the first steps, plan B after."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from tests.parallel import dp_cases
+from tests.parallel import test_pipeline_runtime as rt
+
+LR = {"sgd": 0.1, "adamw": 3e-3}
+
+
+def build_optimizer(kind: str):
+    """SGD with momentum (its buffer is state to move, and the update stays linear in the gradients) or
+    AdamW as ``hcomm train`` makes it."""
+    if kind == "sgd":
+        return lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return lambda params, lr: torch.optim.AdamW(params, lr=lr, weight_decay=0.1)
+
+
+def reference(global_batch: int, steps: int, kind: str):
+    """One process, the whole global batch every step."""
+    model = rt.build()
+    opt = build_optimizer(kind)(model.parameters(), LR[kind])
+    losses = dp_cases.train_whole_batches(model, opt, global_batch, steps)
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _local_states(model, pm, optimizer):
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: {k: v.clone() for k, v in optimizer.state[p].items()} for p in pm.parameters()
+            if p in optimizer.state}
+
+
+def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind: str):
+    """(global loss per step where known else nan, whole model at the end, every moved state equal
+    bit for bit, parameter names this rank steps under plan B)."""
+    from hcomm.parallel.parallelize import parallelize
+    from hcomm.parallel.pipeline.restage import restage
+    from hcomm.parallel.plan import Plan
+
+    groups = dp_cases._init(ctx, None)
+    try:
+        first, second = Plan.from_yaml(plan_a), Plan.from_yaml(plan_b)
+        model = rt.build()
+        make = build_optimizer(kind)
+        pm = parallelize(model, first, groups)
+        opt = make(pm.parameters(), LR[kind])
+        data = dp_cases.batches(first.global_batch)
+        losses, exact, mine = [], None, []
+        for step in range(steps):
+            if step == switch_at:
+                held = [None] * ctx.world
+                dist.all_gather_object(held, _local_states(model, pm, opt))
+                before = {n: s for states in reversed(held) for n, s in states.items()}
+                pm, opt = restage(pm, opt, second, make, LR[kind])
+                after = _local_states(model, pm, opt)
+                mine = sorted(after)
+                exact = bool(after) and all(after[n].keys() == before[n].keys() and
+                                            all(torch.equal(v, before[n][k]) for k, v in after[n].items())
+                                            for n in after)
+            t = pm.train_step(lambda off, n: data.rows(step, off, n), opt)
+            losses.append(t.global_loss)
+        pm.finish()   # the stages come together on every rank
+        pm.close()
+        return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, exact, mine
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,167 @@
+"""A pipeline re-cut mid-run when a rank drifts: the state moves exactly, the planner re-plans on the
+drifted speeds, and ``hcomm train`` trains the reference losses through a re-cut.
+
+1. ``pipeline.restage`` on pools of 3 and 4 ranks (the 9-piece model of test_pipeline_runtime.py): plan
+   A for 3 steps, then other cuts, device order, micro-batch count and schedule (and, with replicas,
+   other rows per replica) for 3 more.  Every optimizer state that moved equals its old owner's bit
+   for bit.  Against one process on the whole batches: SGD with momentum 0.9 is linear in the
+   gradients, so test_pipeline_runtime.py's bound carries over with the momentum sum
+   (1 + 0.9 + 0.81 + ... < 4.1 over 6 steps) and lr 0.1 instead of 0.5: |dp| <= T * lr * 4.1 *
+   (gamma_k + D*u) * max|g| = 6 * 0.1 * 4.1 * 1.5e-5 * 0.25 ~ 9e-6 < 2e-5 absolute, losses 1e-5
+   relative; AdamW (m / sqrt(v) is sign-like in the first steps) to 1e-4 relative on losses, as the
+   data-parallel AdamW tests.
+2. ``planner.replan``: profiles slowed by the drift factors; a rank 4x slower gets fewer pieces.
+3. ``hcomm train --local``: rank 1 turns slow at step 4 (``HCOMM_TRAIN_SLOW``), the watch catches it
+   after 3 steps, the pipeline is re-cut with fewer pieces on rank 1, and every step's loss and the
+   eval loss equal torch DDP's within 1e-4 relative (test_pipeline_train.py's bound).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hcomm.parallel.plan import GroupPlan, Plan, PlanError, RankPlan
+from tests.parallel import recut_cases
+from tests.parallel.train_runs import assert_reference_losses, train_local
+
+STEPS, SWITCH, BATCH = 6, 3, 8
+PARAM_ATOL, LOSS_RTOL, ADAMW_LOSS_RTOL = 2e-5, 1e-5, 1e-4
+
+
+def pipelines(world: int, replicas, name: str = "") -> Plan:
+    """``replicas``: (device order, piece cuts, rows, micro-batches, schedule) per pipeline replica."""
+    ranks = [RankPlan(r, 0.0) for r in range(world)]
+    groups = [GroupPlan("dp", list(range(world)))]
+    for i, (order, cuts, rows, micro, schedule) in enumerate(replicas):
+        for stage, r in enumerate(order):
+            ranks[r].stage, ranks[r].layers = stage, (cuts[stage], cuts[stage + 1])
+        ranks[order[0]].batch_share = rows / BATCH
+        groups.append(GroupPlan(f"pp:{i}", list(order), micro_batches=micro, schedule=schedule, cuts=list(cuts)))
+    return Plan(BATCH, 16, ranks, groups, name=name).validate(world)
+
+
+ONE_A = pipelines(3, [([0, 1, 2], [0, 2, 6, 9], 8, 4, "1f1b")])
+ONE_B = pipelines(3, [([0, 2, 1], [0, 4, 5, 9], 8, 2, "gpipe")])
+TWO_A = pipelines(4, [([0, 1], [0, 4, 9], 4, 2, "1f1b"), ([2, 3], [0, 4, 9], 4, 2, "1f1b")])
+TWO_B = pipelines(4, [([1, 0], [0, 6, 9], 6, 3, "gpipe"), ([3, 2], [0, 6, 9], 2, 2, "1f1b")])
+
+
+def _check(results, kind):
+    ref_losses, ref_params = recut_cases.reference(BATCH, STEPS, kind)
+    known = [[x for x in column if not math.isnan(x)] for column in zip(*(r[0] for r in results))]
+    assert all(column for column in known), known
+    rtol = LOSS_RTOL if kind == "sgd" else ADAMW_LOSS_RTOL
+    for column, want in zip(known, ref_losses):
+        assert column == pytest.approx([want] * len(column), rel=rtol)
+    assert all(r[2] for r in results), [r[2] for r in results]   # every moved state bit for bit
+    if kind == "sgd":
+        for _, params, _, _ in results:
+            for name, want in ref_params.items():
+                np.testing.assert_allclose(params[name], want.numpy(), atol=PARAM_ATOL, rtol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_one_pipeline_recut_trains_the_single_process_run(pool3, kind):
+    results = pool3.run(recut_cases.case_restage, ONE_A.to_yaml(), ONE_B.to_yaml(), STEPS, SWITCH, kind)
+    _check(results, kind)
+    # rank 2 now holds piece 4 only, rank 1 the last four (its embedding state came from rank 0)
+    assert results[2][3] and all(n.startswith("blocks.3.") for n in results[2][3])
+    assert any(n.startswith("head") for n in results[1][3])
+
+
+def test_replicas_recut_with_new_rows_train_the_single_process_run(pool4):
+    results = pool4.run(recut_cases.case_restage, TWO_A.to_yaml(), TWO_B.to_yaml(), STEPS, SWITCH, "sgd")
+    _check(results, "sgd")
+    assert any(n.startswith("embed") for n in results[1][3]) and any(n.startswith("head") for n in results[0][3])
+
+
+def test_restage_refuses_what_it_cannot_move():
+    from hcomm.parallel.pipeline.restage import check_restageable
+
+    dp = Plan.from_shares([0.5, 0.5], 8, 16, name="dp")
+    with pytest.raises(ValueError, match="re-staging moves a pipeline's layer ranges; this plan has none"):
+        check_restageable(dp, None)
+    tied = type("M", (), {"config": type("C", (), {"tie_embeddings": True})()})()
+    with pytest.raises(ValueError, match="untied embeddings"):
+        check_restageable(ONE_A, tied)
+    watched = Plan.from_yaml(ONE_A.to_yaml())
+    watched.dp_group().straggler_margin = 0.3
+    watched.validate(3)   # a watched pipeline is a valid plan; with TP groups it is not
+    watched.groups += [GroupPlan(f"tp:{r}", [r]) for r in range(3)]   # TP groups of one: still TP
+    for r in watched.ranks:
+        r.tp_group = r.rank
+    with pytest.raises(PlanError, match="re-cuts a pipeline's layers, not with tensor parallelism"):
+        watched.validate(3)
+
+
+# ------------------------------------------------------------------ 2. the re-plan
+
+def test_slowed_view_scales_compute_and_optimizer_not_memory():
+    from hcomm.parallel.planner.replan import slowed_view
+    from tests.parallel.test_simulate import view
+
+    v = view([1.0, 1.0])
+    slow = slowed_view(v, [1.0, 3.0])
+    a, b = v.profiles[1].layers[0], slow.profiles[1].layers[0]
+    assert (b.fwd_s, b.bwd_s, b.fwd_fixed_s, b.bwd_fixed_s) == (3 * a.fwd_s, 3 * a.bwd_s, 3 * a.fwd_fixed_s,
+                                                                 3 * a.bwd_fixed_s)
+    assert b.act_bytes_per_sample == a.act_bytes_per_sample and slow.profiles[0] == v.profiles[0]
+    assert slow.optimizer_s == [v.optimizer_s[0], 3 * v.optimizer_s[1]]
+    with pytest.raises(ValueError, match="one speed factor per rank: 1 for 2"):
+        slowed_view(v, [1.0])
+    with pytest.raises(ValueError, match=r"positive and finite, got \[0.0\]"):
+        slowed_view(v, [1.0, 0.0])
+
+
+def test_a_rank_four_times_slower_gets_less_work():
+    from hcomm.parallel.planner.pipeline import plan_pipeline
+    from hcomm.parallel.planner.replan import PipelineReplanner
+    from tests.parallel.test_simulate import SEQ, view
+
+    def make(v, old):
+        return plan_pipeline(v, 8, SEQ, stages=3, boundary=4096, name=old.name)
+
+    v = view([1.0, 1.0, 1.0])
+    before = make(v, Plan.from_shares([1.0, 0, 0], 8, SEQ, name="auto"))
+    before.dp_group().straggler_margin = 0.5
+    replanner = PipelineReplanner(v, make)
+    after = replanner.replan(before, [1.0, 4.0, 1.0])
+
+    def work(plan, rank):   # seconds per sample of the pieces it holds, at the profile's speed
+        a, b = plan.ranks[rank].layers
+        return sum(c.fwd_s + c.bwd_s for c in v.profiles[rank].layers[a:b])
+
+    assert work(after, 1) < work(before, 1)
+    assert after.name == "auto" and after.dp_group().straggler_margin == 0.5
+    from hcomm.parallel import simulate
+
+    kept_s = simulate(before, replanner.view).step_s   # the old cuts at the drifted speeds
+    assert after.notes[0] == (f"predicted at the drifted speeds: {kept_s * 1e3:.0f} ms per step on the old cuts, "
+                              f"{after.predicted_step_s * 1e3:.0f} ms on the new")
+    assert after.predicted_step_s < kept_s
+    # a second drift is measured against the speeds the first re-plan assumed
+    assert replanner.view.profiles[1].layers[0].fwd_s == pytest.approx(4 * v.profiles[1].layers[0].fwd_s)
+
+
+# ------------------------------------------------------------------ 3. hcomm train
+
+def test_hcomm_train_recuts_a_pipeline_when_a_rank_turns_slow(tmp_path):
+    plans = ["auto@pp=2@straggler=2", "uniform@pp=1"]
+    runs, out = train_local(tmp_path, plans, 10, env={"HCOMM_TRAIN_SLOW": "1:4:0.05"})
+    run = runs[plans[0]]
+    assert len(run["replans"]) == 1, out[-3000:]
+    recut = run["replans"][0]
+    assert recut["what"] == "re-cut" and recut["drifted"] == [1] and recut["after_steps"] == 7, recut
+    assert "re-cut the pipeline after step 7" in out
+
+    def piece_rows(layout, rank):   # the hook sleeps per sample and piece: pieces held x rows run
+        for ranks, edges, rows, _ in layout:
+            if rank in ranks:
+                stage = ranks.index(rank)
+                return (edges[stage + 1] - edges[stage]) * rows
+        raise AssertionError(rank)
+
+    assert piece_rows(recut["to"], 1) < piece_rows(recut["from"], 1), recut
+    assert_reference_losses(runs, "uniform@pp=1", 10, lambda name: 1e-4)
