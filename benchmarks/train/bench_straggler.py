@@ -118,6 +118,12 @@ def write(doc, events, stem: str, date: str, log, plans: str) -> None:
     if watched in after and kept in after:
         lines += ["", f"- after the slowdown, re-planning on drift runs **{after[kept] / after[watched]:.2f}x** "
                       f"the tokens/s of keeping the plan"]
+    for name, run in runs.items():
+        for r in run.get("replans", []):
+            if "moved_s" in r:   # a pipeline re-cut: the state move is outside every step's seconds
+                lines.append(f"- {name}: the re-cut after step {r['after_steps']} moved the state in "
+                             f"{r['moved_s']:.2f} s, once (in the tokens/s, not in the ms/step above); "
+                             f"predicted step on the new cuts {r['predicted_ms']:.0f} ms")
     lines += [f"- speed changes applied (progress step, speed of rank {SLOW_RANK}): {events}", "", "```",
               *[line.split("] ", 1)[-1] for line in log if " r0] " in line][-16:], "```"]
     with open(stem + ".md", "w") as f:
