@@ -77,6 +77,16 @@ def test_replicas_recut_with_new_rows_train_the_single_process_run(pool4):
     assert any(n.startswith("embed") for n in results[1][3]) and any(n.startswith("head") for n in results[0][3])
 
 
+def test_only_what_changes_hands_moves_from_its_lowest_old_holder():
+    from hcomm.parallel.pipeline.restage import transfers
+
+    old = [["a", "b"], ["c"], ["a", "b"]]          # ranks 0 and 2: replicas of one stage
+    new = [["a"], ["b", "c"], ["a", "b", "c"]]
+    assert transfers(old, new, ["a", "b", "c"]) == [("b", 0, 1), ("c", 1, 2)]
+    with pytest.raises(ValueError, match="no rank holds parameter 'd'"):
+        transfers(old, new, ["a", "d"])
+
+
 def test_restage_refuses_what_it_cannot_move():
     from hcomm.parallel.pipeline.restage import check_restageable
 

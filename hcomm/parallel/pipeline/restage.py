@@ -8,12 +8,12 @@ the same parameter names on every rank: here the state moves in memory, over the
 process group, piece by piece from the rank that holds it.
 
 ``restage(pm, optimizer, plan, build_optimizer, lr)`` returns the new plan's ``ParallelModel`` and
-optimizer.  Every parameter and every optimizer state tensor is broadcast from the lowest rank that
-holds it (replicas of a stage hold the same values: their gradients are all-reduced), so every rank
-ends with the whole model, as ``ParallelModel.finish`` gathers it for the evaluation; then the new
-plan's stages are built on it and each rank's new optimizer takes the moved state of the parameters
-it now steps.  The values are copied bit for bit: a re-staged run trains what an uninterrupted run
-with the new cuts from that step on would.
+optimizer.  A parameter a rank steps under the new plan and did not before comes with its optimizer
+state from the lowest rank that held it (replicas of a stage hold the same values: their gradients
+are all-reduced), point to point; what stays put does not move, and a rank keeps only the state of
+what it now steps.  The values are copied bit for bit: a re-staged run trains what an uninterrupted
+run with the new cuts from that step on would.  (Pieces a rank no longer holds keep stale values in
+its copy of the model; ``ParallelModel.finish`` gathers the stages for the evaluation as always.)
 
 Pipelines without tensor parallelism only (a TP shard's state is split across ranks) and untied
 embeddings (a tied weight lives on the first and the last stage: two ranks would both own it).
@@ -38,43 +38,55 @@ def check_restageable(plan, model) -> None:
                          "sits on the first and the last stage")
 
 
-def _owners(local: List[str], group) -> Dict[str, int]:
-    """Each parameter name -> the lowest rank that holds it (every rank agrees)."""
-    held: List = [None] * dist.get_world_size(group)
-    dist.all_gather_object(held, local, group=group)
-    owners: Dict[str, int] = {}
-    for rank, names in enumerate(held):
-        for name in names:
-            owners.setdefault(name, rank)
-    return owners
-
-
-def gather_state(model, optimizer, local_params, group) -> Dict[str, Dict[str, torch.Tensor]]:
-    """Every rank: the whole model's parameters in place, and ``{name: optimizer state}`` of every
-    parameter, each from its owner.  ``local_params``: what this rank's optimizer steps."""
+def _held(model, params) -> List[str]:
     names = {id(p): n for n, p in model.named_parameters()}
-    local = [names[id(p)] for p in local_params]
-    owners = _owners(local, group)
-    missing = [n for n in names.values() if n not in owners]
-    if missing:
-        raise ValueError(f"re-staging: no rank holds parameter(s) {missing[:3]}")
-    mine = {names[id(p)]: optimizer.state.get(p, {}) for p in local_params}
-    # what each state tensor looks like (shape, dtype), from its owner: the others allocate it
+    return [names[id(p)] for p in params]
+
+
+def transfers(old_held: List[List[str]], new_held: List[List[str]], names: List[str]) -> List[Tuple[str, int, int]]:
+    """(parameter, from rank, to rank) for every piece of state a rank needs and does not have: from
+    the lowest rank that held it (replicas hold the same values), to each rank that holds it now and
+    did not before; in the model's parameter order, the one order every rank walks."""
+    out = []
+    for name in names:
+        before = [r for r, held in enumerate(old_held) if name in held]
+        if not before:
+            raise ValueError(f"re-staging: no rank holds parameter {name!r}")
+        out += [(name, before[0], r) for r, held in enumerate(new_held) if name in held and r not in before]
+    return out
+
+
+def move_state(model, optimizer, old_params, new_params, group) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Each rank's ``{name: optimizer state}`` for ``new_params`` (what it steps under the new plan),
+    the parameters it did not hold before received in place.  Only what changes hands moves, point to
+    point, from one old holder to each new one: no rank allocates state it will not step.
+
+    Blocking sends and receives in one global order cannot deadlock: the earliest unfinished transfer
+    has both ends past everything before it, so it completes."""
+    me, world = dist.get_rank(group), dist.get_world_size(group)
+    old, new = _held(model, old_params), _held(model, new_params)
+    mine = {name: optimizer.state.get(p, {}) for name, p in zip(old, old_params)}
+    # who held and holds what, and what each held tensor of state looks like (the receivers allocate it)
     layout = {n: {k: (tuple(v.shape), v.dtype) for k, v in s.items() if torch.is_tensor(v)} for n, s in mine.items()}
-    layouts: List = [None] * dist.get_world_size(group)
-    dist.all_gather_object(layouts, layout, group=group)
-    me = dist.get_rank(group)
-    states: Dict[str, Dict[str, torch.Tensor]] = {}
-    for name, param in model.named_parameters():
-        owner = owners[name]
-        dist.broadcast(param.data, src=dist.get_global_rank(group, owner), group=group)
-        state = {}
-        for key, (shape, dtype) in sorted(layouts[owner][name].items()):
-            tensor = mine[name][key].detach().clone() if me == owner else torch.empty(shape, dtype=dtype,
-                                                                                        device=param.device)
-            dist.broadcast(tensor, src=dist.get_global_rank(group, owner), group=group)
-            state[key] = tensor
-        states[name] = state
+    everyone: List = [None] * world
+    dist.all_gather_object(everyone, (old, new, layout), group=group)
+    params = dict(model.named_parameters())
+    states = {name: mine[name] for name in new if name in mine}
+    for name, src, dst in transfers([e[0] for e in everyone], [e[1] for e in everyone], list(params)):
+        if me not in (src, dst):
+            continue
+        peer = dist.get_global_rank(group, dst if me == src else src)
+        keys = sorted(everyone[src][2][name].items())
+        if me == src:
+            dist.send(params[name].data, peer, group=group)
+            for key, _ in keys:
+                dist.send(mine[name][key].contiguous(), peer, group=group)
+            continue
+        dist.recv(params[name].data, peer, group=group)
+        states[name] = {}
+        for key, (shape, dtype) in keys:
+            states[name][key] = torch.empty(shape, dtype=dtype, device=params[name].device)
+            dist.recv(states[name][key], peer, group=group)
     return states
 
 
@@ -85,17 +97,17 @@ def restage(pm, optimizer, plan, build_optimizer: Callable, lr: float) -> Tuple[
 
     check_restageable(pm.plan, pm.model)
     check_restageable(plan, pm.model)
-    group = pm.groups.default
-    states = gather_state(pm.model, optimizer, pm.parameters(), group)
+    old_params = pm.parameters()
     scale = pm.precision.loss_scale if pm.precision is not None else None
     pm.close()
+    # the new stages are built on the model's modules (values arrive below, before any step)
     new = parallelize(pm.model, plan, pm.groups)
     new.steps = pm.steps
     if new.precision is not None and scale is not None and new.precision.loss_scale is not None:
         new.precision.loss_scale = scale   # an fp16 run's dynamic loss scale goes on where it was
+    states = move_state(pm.model, optimizer, old_params, new.parameters(), pm.groups.default)
     new_optimizer = build_optimizer(new.parameters(), lr)
-    names = {id(p): n for n, p in pm.model.named_parameters()}
-    for p in new.parameters():
-        if states[names[id(p)]]:
-            new_optimizer.state[p] = states[names[id(p)]]
+    for name, p in zip(_held(pm.model, new.parameters()), new.parameters()):
+        if states.get(name):
+            new_optimizer.state[p] = states[name]
     return new, new_optimizer
