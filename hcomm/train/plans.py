@@ -275,6 +275,7 @@ def replanner_for(args, view, plan):
     base, pins = parse_entry(plan.name)
     if base != "auto":   # a plan file or a searched plan: no planner call to repeat
         return None
+    pins = dict(pins, pp=str(len(plan.pipeline_groups()[0].ranks)))   # as many stages as it runs now
     return PipelineReplanner(view, lambda v, old: pipeline_plan(args, v, old.name, base, pins))
 
 

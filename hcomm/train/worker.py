@@ -264,6 +264,7 @@ def _init_process_group(timeout: datetime.timedelta) -> None:
 def run(args) -> int:
     from hcomm.parallel.parallelize import make_groups
     from hcomm.train.loop import train_plan
+    from hcomm.train.plans import replanner_for
     from hcomm.train.report import report
 
     _init_process_group(datetime.timedelta(seconds=300))
@@ -308,8 +309,6 @@ def run(args) -> int:
         for plan in plans:
             _log(rank, f"plan '{plan.name}':\n{plan}")
             model, _ = build(args, data.vocab_size)
-            from hcomm.train.plans import replanner_for
-
             results.append(train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank, world,
                                       replanner=replanner_for(args, view, plan)))
             del model
