@@ -52,11 +52,9 @@ def node_command(cluster: Cluster, node_index: int, argv: List[str], port: int, 
         f"--nnodes={len(spec.nodes)}", f"--nproc-per-node={len(node.ranks)}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={cluster.ip(0)}:{port}", f"--rdzv-id=hce-{cluster.run_id}",
-        # No agent hosts the store (``_rendezvous_store`` does): torchrun's guess
-        # compares the endpoint with the host name, which knows nothing of the
-        # namespaces' addresses, and a hosting agent that exits first cuts the
-        # others' rendezvous shutdown short.
-        "--rdzv-conf=is_host=0",
+        # Say who hosts the store: torchrun's guess compares the endpoint with
+        # the host name, which knows nothing of the namespaces' addresses.
+        f"--rdzv-conf=is_host={1 if node_index == 0 else 0}",
         f"--local-addr={cluster.local_addr(node_index)}",
         # Elastic restarts (hcomm train --max-restarts with --checkpoint-every):
         # a failed rank restarts every rank, which resume from a checkpoint.
@@ -112,27 +110,6 @@ def first_failure(spec: ClusterSpec, run_dir: str) -> Optional[Tuple[int, str]]:
     return describe_failure(spec, min(records, key=lambda r: r["time"]))
 
 
-# The c10d rendezvous store, alone in node 0's namespace until the launcher closes its stdin.
-_STORE_SERVER = ("import datetime, sys\n"
-                 "from torch.distributed import TCPStore\n"
-                 "store = TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, wait_for_workers=False,\n"
-                 "                 timeout=datetime.timedelta(seconds=60))\n"
-                 "sys.stdin.read()\n")
-
-
-def _rendezvous_store(cluster: Cluster, port: int) -> subprocess.Popen:
-    """The rendezvous store, hosted by its own process on node 0 that outlives every node's torchrun.
-
-    When node 0's torchrun hosted it, node 0's agent could finish first and close it while another
-    node's agent was still shutting the rendezvous down; that agent then printed a C++ warning
-    (``recvVector failed``, ``failed to shutdown the rendezvous``) after a successful run -- on a
-    loaded box, in CI.  The agents retry their connection until the store listens, so it starts
-    beside them, not before."""
-    return subprocess.Popen([sys.executable, "-c", _STORE_SERVER, cluster.ip(0), str(port)],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=cluster.preexec(0, signal.SIGTERM))
-
-
 def _wait_all(procs: List[subprocess.Popen], grace: float) -> None:
     failed_at = None
     while True:
@@ -162,7 +139,6 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -
         print(_UNSHAPED_BANNER, file=sys.stderr, flush=True)
     port = HCOMM_EMU_PORT.get()
     procs, pumps = [], []
-    store = _rendezvous_store(cluster, port)
     try:
         for i, node in enumerate(cluster.spec.nodes):
             p = subprocess.Popen(node_command(cluster, i, argv, port, max_restarts), env=node_env(cluster, i),
@@ -187,12 +163,6 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -
                 p.wait()
         for t in pumps:
             t.join(timeout=5)
-        store.stdin.close()   # every agent is done with the rendezvous
-        try:
-            store.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            store.kill()
-            store.wait()
     failure = first_failure(cluster.spec, os.path.dirname(cluster.spec_path))
     if failure is not None:
         code, why = failure
