@@ -218,19 +218,18 @@ class _TimedStage(PipelineStage):
         super().__init__(*args, **kwargs)
         self.busy_s = 0.0
 
-    def forward_one_chunk(self, *args, **kwargs):
+    def _timed(self, chunk, *args, **kwargs):
         start = time.perf_counter()
         try:
-            return super().forward_one_chunk(*args, **kwargs)
+            return chunk(*args, **kwargs)
         finally:
             self.busy_s += time.perf_counter() - start
 
+    def forward_one_chunk(self, *args, **kwargs):
+        return self._timed(super().forward_one_chunk, *args, **kwargs)
+
     def backward_one_chunk(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return super().backward_one_chunk(*args, **kwargs)
-        finally:
-            self.busy_s += time.perf_counter() - start
+        return self._timed(super().backward_one_chunk, *args, **kwargs)
 
 
 class _SyncedStage(_TimedStage):
