@@ -156,6 +156,14 @@ class DeviceProfile:
                   for c, c1 in zip(self.layers, one.layers)]
         return dataclasses.replace(self, layers=layers, seconds_spent=self.seconds_spent + one.seconds_spent)
 
+    def slowed(self, factor: float) -> "DeviceProfile":
+        """This profile with every piece's forward and backward ``factor`` times as long, fixed parts
+        too (a slower device of the same kind, or one that drifted); its memory as is."""
+        layers = [dataclasses.replace(c, fwd_s=c.fwd_s * factor, bwd_s=c.bwd_s * factor,
+                                      fwd_fixed_s=c.fwd_fixed_s * factor, bwd_fixed_s=c.bwd_fixed_s * factor)
+                  for c in self.layers]
+        return dataclasses.replace(self, layers=layers)
+
     @classmethod
     def from_dict(cls, d: dict) -> "DeviceProfile":
         return cls(int(d["rank"]), str(d["device"]), int(d["micro_batch"]), int(d["seq_len"]),

@@ -115,15 +115,6 @@ def _figures(kind: str, figures: Optional[Mapping[str, DeviceFigures]], has_prof
                          f"figures={{{kind!r}: DeviceFigures(...)}}") from None
 
 
-def _slowed(profile: DeviceProfile, speed: float) -> DeviceProfile:
-    """``profile`` at relative speed ``speed``: every time divided by it, fixed parts too."""
-    if speed == 1.0:
-        return profile
-    layers = [dataclasses.replace(c, fwd_s=c.fwd_s / speed, bwd_s=c.bwd_s / speed, fwd_fixed_s=c.fwd_fixed_s / speed,
-                                  bwd_fixed_s=c.bwd_fixed_s / speed) for c in profile.layers]
-    return dataclasses.replace(profile, layers=layers)
-
-
 def _class_profile(kind: str, memory: int, rank: int, config: LlamaConfig, dtype: str, mfu: float, micro_batch: int,
                    seq_len: int, measured: Optional[DeviceProfile], figures: DeviceFigures):
     if measured is not None:
@@ -175,7 +166,7 @@ def view_from_spec(spec: Union[ClusterSpec, str], config: Union[LlamaConfig, str
             kind = key[0]
             base = _class_profile(kind, r.memory_bytes, r.rank, config, dtype, mfu, micro_batch, seq_len,
                                   measured.get(kind), table[kind])
-            classes[key] = _slowed(base, r.speed)
+            classes[key] = base if r.speed == 1.0 else base.slowed(1.0 / r.speed)   # at its relative speed
             params = base.param_bytes / 4   # fp32 master weights
             optimizer[key] = ADAMW_STEP_BYTES * params / table[kind].hbm_bytes_per_s / r.speed
         shared = classes[key]   # one set of piece costs per class; the rank field is each rank's own (the

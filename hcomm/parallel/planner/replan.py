@@ -13,14 +13,6 @@ import math
 from typing import Callable, Sequence
 
 
-def slowed_profile(profile, factor: float):
-    """``profile`` with every piece's forward and backward ``factor`` times as long (its memory as is)."""
-    layers = [dataclasses.replace(c, fwd_s=c.fwd_s * factor, bwd_s=c.bwd_s * factor,
-                                  fwd_fixed_s=c.fwd_fixed_s * factor, bwd_fixed_s=c.bwd_fixed_s * factor)
-              for c in profile.layers]
-    return dataclasses.replace(profile, layers=layers)
-
-
 def slowed_view(view, factors: Sequence[float]):
     """``view`` with rank r's compute and optimizer step ``factors[r]`` times as long."""
     if len(factors) != view.world_size:
@@ -28,7 +20,7 @@ def slowed_view(view, factors: Sequence[float]):
     bad = [f for f in factors if not (math.isfinite(f) and f > 0)]
     if bad:
         raise ValueError(f"re-planning: speed factors must be positive and finite, got {bad}")
-    return dataclasses.replace(view, profiles=[slowed_profile(p, f) for p, f in zip(view.profiles, factors)],
+    return dataclasses.replace(view, profiles=[p.slowed(f) for p, f in zip(view.profiles, factors)],
                                optimizer_s=[s * f for s, f in zip(view.optimizer_s, factors)])
 
 
