@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
-from hcomm.parallel.pipeline.schedule_cost import (_orders, check_schedule, lower_bound, rank_in_flight, simulate,
-                                                   stage_in_flight)
+from hcomm.parallel.pipeline.schedule_cost import check_schedule, lower_bound, simulate, standard
 
 MiB = 1 << 20
 LinkTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds to send from a to b
@@ -59,8 +58,8 @@ class PipelineCosts:
         self.link_fn = link_s or (lambda a, b, nbytes: 0.0)
         self.host_fn = host_s or (lambda a, b, nbytes: 0.0)
         self.links_of = links_of
-        self.orders = _orders(schedule, p, micro_batches, virtual_stages)
-        self.peak = stage_in_flight(self.orders, K)        # per stage: micro-batches in flight at its peak
+        self.orders = standard(schedule, p, micro_batches, virtual_stages)
+        self.peak = self.orders.stage_peak(K)       # per stage: micro-batches in flight at its peak
         self.f, self.b, self.state, self.act = [], [], [], []
         for q in profiles:
             self.f.append(prefix_sums([c.fwd_at(micro_batch, q.micro_batch) for c in q.layers]))
@@ -135,7 +134,7 @@ class PipelineCosts:
     def memory(self, cuts: Sequence[int], devs: Sequence[int]) -> List[int]:
         p = self.p
         act = [self.act[devs[k % p]][cuts[k + 1]] - self.act[devs[k % p]][cuts[k]] for k in range(self.K)]
-        peaks = rank_in_flight(self.orders, act)
+        peaks = self.orders.weighted_peak(act)
         return [int(peaks[r]) + sum(self.state[devs[r]][cuts[k + 1]] - self.state[devs[r]][cuts[k]]
                                     for k in range(r, self.K, p)) for r in range(p)]
 
@@ -160,8 +159,7 @@ class PipelineCosts:
 
     def simulate(self, cuts: Sequence[int], devs: Sequence[int]) -> float:
         _, fwd, bwd, cf, cb = self.stage_costs(cuts, devs)
-        return simulate(fwd, bwd, cf, self.M, self.schedule, self.v, cb, orders=self.orders,
-                        channels=self.channels(devs)).step_s
+        return simulate(fwd, bwd, cf, self.M, self.schedule, self.v, cb, channels=self.channels(devs)).step_s
 
 
 def prefix_sums(values: Sequence[float]) -> list:

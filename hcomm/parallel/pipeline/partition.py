@@ -35,7 +35,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from hcomm.parallel.pipeline.costs import (MiB, HostTime, LinkTime, LinksOf, PipelineCosts, interchangeable,
                                            prefix_sums)
-from hcomm.parallel.pipeline.schedule_cost import Action, lower_bound, path_terms, simulate
+from hcomm.parallel.pipeline.schedule_cost import Action, action_orders, lower_bound, path_terms, simulate
 
 MAX_ORDER_DEVICES = 8
 MAX_NODES = 200_000   # search budget, subtrees expanded: 10-20 s of pure Python at the worst
@@ -70,7 +70,6 @@ class Partition:
     peak_in_flight: List[int]
     memory_bytes: List[int]
     budget_bytes: List[int]
-    orders: List[List[Action]]  # per pipeline position: what its runtime executes, in order
     lower_bound_s: float   # for these cuts and order (schedule_cost.lower_bound)
     simulated: int = 1     # partitions the search simulated
     exact: bool = True     # the search finished: nothing is predicted faster (to REL_TOL)
@@ -79,6 +78,11 @@ class Partition:
     @property
     def ranks(self) -> List[int]:
         return [st.rank for st in self.stages[:len(self.busy_s)]]
+
+    @property
+    def orders(self) -> List[List[Action]]:
+        """Per pipeline position: what its runtime executes, in order (the schedule's own)."""
+        return action_orders(self.schedule, len(self.busy_s), self.micro_batches, self.virtual_stages)
 
     @property
     def cuts(self) -> List[int]:
@@ -208,31 +212,36 @@ class _Search:
         left = sum(counts)
         s, d = pb.p - 1 - left, self.rep(c)
         gpipe = pb.schedule == "gpipe"
-        best = _Tail(math.inf, math.inf, math.inf, math.inf, math.inf, -1, -1)
+        inf = math.inf
+        h = trip = fmax = bmax = gp_least = inf
+        cut = cls = -1
+        # the next stage's classes, what is left after each, and the two devices a link joins (none depends on e)
+        nexts = [(c2, tuple(k - (j == c2) for j, k in enumerate(counts)), *self.pair(c, c2))
+                 for c2 in self.allowed(counts, s + 1)] if left else []
         for e in ([pb.n] if left == 0 else range(i + 1, pb.n - left + 1)):
             if pb.mem(d, i, e, s) > pb.budget[d]:
                 break                                      # memory only grows with more pieces
             w, f, b = pb.w(d, i, e), pb.f[d][e] - pb.f[d][i], pb.b[d][e] - pb.b[d][i]
             if left == 0:
                 return _Tail(M * w, w, w + (M - 1) * f, w + (M - 1) * b,
-                             w + (M - 1) * (f + b) if gpipe else -math.inf, e, -1)
+                             w + (M - 1) * (f + b) if gpipe else -inf, e, -1)
             one, two = path_terms(pb.schedule, s, pb.p, M, f, b)
-            for c2 in self.allowed(counts, s + 1):
-                a, a2 = self.pair(c, c2)
+            for c2, rest, a, a2 in nexts:
                 cf, cb = pb.link(a, a2, e), pb.link(a2, a, e)
-                rest = tuple(k - (j == c2) for j, k in enumerate(counts))
                 t = self._g(e, c2, rest)
                 x = w + cf + cb
                 val = max(M * w, w + max(M * cf + cb, cf + M * cb), x + t.h, x + t.trip + one, 2 * (x + t.trip) + two)
-                gp = -math.inf
+                gp = -inf
                 if gpipe:
                     gp = max(x + t.trip + (M - 1) * (f + b), x + t.gp, x + t.fmax + (M - 1) * b, x + t.bmax + (M - 1) * f)
                     val = max(val, gp)
-                best = _Tail(min(best.h, val), min(best.trip, x + t.trip),
-                             min(best.fmax, max(x + t.trip + (M - 1) * f, x + t.fmax)),
-                             min(best.bmax, max(x + t.trip + (M - 1) * b, x + t.bmax)), min(best.gp, gp),
-                             *((e, c2) if val < best.h else (best.cut, best.cls)))
-        return best
+                if val < h:
+                    h, cut, cls = val, e, c2
+                trip = min(trip, x + t.trip)
+                fmax = min(fmax, max(x + t.trip + (M - 1) * f, x + t.fmax))
+                bmax = min(bmax, max(x + t.trip + (M - 1) * b, x + t.bmax))
+                gp_least = min(gp_least, gp)
+        return _Tail(h, trip, fmax, bmax, gp_least, cut, cls)
 
     def _dfs_linear(self, s: int, i: int, c: int, counts: Tuple[int, ...], fixed: _Fixed,
                     cuts: List[int], devs: List[int], used: List[int]) -> None:
@@ -421,7 +430,7 @@ def _baseline_cuts(pb: PipelineCosts) -> List[List[int]]:
 
 def _result(pb: PipelineCosts, cuts: Sequence[int], devs: Sequence[int], label: str, simulated: int = 1) -> Partition:
     dev, fwd, bwd, cf, cb = pb.stage_costs(cuts, devs)
-    sim = simulate(fwd, bwd, cf, pb.M, pb.schedule, pb.v, cb, orders=pb.orders, channels=pb.channels(devs))
+    sim = simulate(fwd, bwd, cf, pb.M, pb.schedule, pb.v, cb, channels=pb.channels(devs))
     stages = [StagePlan(k, pb.profiles[dev[k]].rank, pb.profiles[dev[k]].device, cuts[k], cuts[k + 1], fwd[k],
                         bwd[k], cf[k] if k < pb.K - 1 else 0.0,
                         pb.state[dev[k]][cuts[k + 1]] - pb.state[dev[k]][cuts[k]],
@@ -429,7 +438,7 @@ def _result(pb: PipelineCosts, cuts: Sequence[int], devs: Sequence[int], label: 
               for k in range(pb.K)]
     return Partition(label, pb.schedule, pb.M, pb.mb, pb.v, stages, list(pb.names), sim.step_s,
                      sim.busy_s, sim.peak_in_flight, pb.memory(cuts, devs),
-                     [pb.budget[devs[r]] for r in range(pb.p)], sim.orders,
+                     [pb.budget[devs[r]] for r in range(pb.p)],
                      lower_bound(fwd, bwd, cf, pb.M, pb.schedule, pb.v, cb), simulated)
 
 

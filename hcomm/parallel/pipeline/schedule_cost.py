@@ -105,20 +105,23 @@ def allowed_micro_batches(schedule: str, micro_batches: int, num_ranks: int, vir
 
 # ---------------------------------------------------------------- orders
 
-def _gpipe(stage: int, m: int) -> List[Action]:
-    return [Action("F", i, stage) for i in range(m)] + [Action("B", i, stage) for i in range(m)]
+# An op is an action as the simulation reads it: (is forward, stage, micro-batch).  The orders are
+# built as ops and turned into ``Action``s only when asked (at 4,096 devices the planner simulates
+# ~10^6 actions; building each as a named tuple cost more than simulating it).
+Op = Tuple[bool, int, int]
 
 
-def _one_f_one_b(stage: int, p: int, m: int) -> List[Action]:
+def _gpipe(stage: int, m: int) -> List[Op]:
+    return [(True, stage, i) for i in range(m)] + [(False, stage, i) for i in range(m)]
+
+
+def _one_f_one_b(stage: int, p: int, m: int) -> List[Op]:
     warmup = min(m, p - stage)
-    order = [Action("F", i, stage) for i in range(warmup)]
-    fwd, bwd = warmup, 0
-    while bwd < m:                      # torch's "1B1F": a backward, then the next forward if any
-        order.append(Action("B", bwd, stage))
-        bwd += 1
-        if fwd < m:
-            order.append(Action("F", fwd, stage))
-            fwd += 1
+    order = [(True, stage, i) for i in range(warmup)]
+    for b in range(m):                  # torch's "1B1F": a backward, then the next forward if any
+        order.append((False, stage, b))
+        if warmup + b < m:
+            order.append((True, stage, warmup + b))
     return order
 
 
@@ -128,7 +131,7 @@ def interleaved_warmup(rank: int, p: int, m: int, v: int) -> int:
     return min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
 
 
-def _interleaved(rank: int, p: int, m: int, v: int) -> List[Action]:
+def _interleaved(rank: int, p: int, m: int, v: int) -> List[Op]:
     # A transcription of torch's ScheduleInterleaved1F1B._calculate_single_rank_operations and
     # _get_1f1b_rank_ops (torch 2.13) without the no-op padding: the same actions in the same order.
     per_round = m // max(1, m // p)
@@ -136,17 +139,17 @@ def _interleaved(rank: int, p: int, m: int, v: int) -> List[Action]:
     steady = m * v - warmup
     fwd_next: Dict[int, int] = {}
     bwd_next: Dict[int, int] = {}
-    order: List[Action] = []
+    order: List[Op] = []
 
     def forward(op: int) -> None:
         stage = ((op // per_round) % v) * p + rank
         fwd_next[stage] = fwd_next.get(stage, 0) + 1
-        order.append(Action("F", fwd_next[stage] - 1, stage))
+        order.append((True, stage, fwd_next[stage] - 1))
 
     def backward(op: int) -> None:
         stage = (v - 1 - ((op - warmup) // per_round) % v) * p + rank
         bwd_next[stage] = bwd_next.get(stage, 0) + 1
-        order.append(Action("B", bwd_next[stage] - 1, stage))
+        order.append((False, stage, bwd_next[stage] - 1))
 
     for op in range(warmup + steady + warmup):
         if op < warmup:
@@ -159,19 +162,63 @@ def _interleaved(rank: int, p: int, m: int, v: int) -> List[Action]:
     return order
 
 
+class Orders:
+    """Each rank's ordered ops, with what the simulation and the memory model read from them: the peak
+    in-flight counts, per rank and per stage.  ``actions``: the same orders as ``Action``s."""
+
+    def __init__(self, ops: List[List[Op]], rank_peak: Optional[List[int]] = None,
+                 actions: Optional[Sequence[Sequence[Action]]] = None):
+        self.ops = ops
+        self._actions = actions
+        self.rank_peak = rank_peak if rank_peak is not None else [int(x) for x in rank_in_flight(self.actions)]
+        stages = [{op[1] for op in order} for order in ops]
+        self.only_stage = [next(iter(s)) if len(s) == 1 else None for s in stages]
+        self._stage_peak: Dict[int, List[int]] = {}
+
+    @classmethod
+    def of(cls, actions: Sequence[Sequence[Action]]) -> "Orders":
+        return cls([[(kind == "F", stage, mb) for kind, mb, stage in order] for order in actions], actions=actions)
+
+    @property
+    def actions(self) -> Sequence[Sequence[Action]]:
+        if self._actions is None:
+            new = tuple.__new__   # Action's own constructor parses its arguments in Python: 3x slower
+            self._actions = tuple(tuple(new(Action, ("F" if fwd else "B", mb, stage)) for fwd, stage, mb in order)
+                                  for order in self.ops)
+        return self._actions
+
+    def stage_peak(self, num_stages: int) -> List[int]:
+        if num_stages not in self._stage_peak:
+            self._stage_peak[num_stages] = stage_in_flight(self.actions, num_stages)
+        return self._stage_peak[num_stages]
+
+    def weighted_peak(self, weights: Sequence[float]) -> List[float]:
+        """``rank_in_flight(actions, weights)``; a rank that runs one stage holds count x its weight."""
+        if all(s is not None for s in self.only_stage):
+            return [weights[s] * n for s, n in zip(self.only_stage, self.rank_peak)]
+        return rank_in_flight(self.actions, weights)
+
+
 @lru_cache(maxsize=256)
-def _orders(schedule: str, p: int, m: int, v: int) -> Tuple[Tuple[Action, ...], ...]:
+def standard(schedule: str, p: int, m: int, v: int = 1) -> Orders:
+    """The schedule's own orders (valid arguments: ``check_schedule``), their peaks from the closed forms
+    (the tests hold those to the orders)."""
     if schedule == "gpipe":
-        return tuple(tuple(_gpipe(s, m)) for s in range(p))
-    if schedule == "1f1b":
-        return tuple(tuple(_one_f_one_b(s, p, m)) for s in range(p))
-    return tuple(tuple(_interleaved(r, p, m, v)) for r in range(p))
+        ops = [_gpipe(s, m) for s in range(p)]
+    elif schedule == "1f1b":
+        ops = [_one_f_one_b(s, p, m) for s in range(p)]
+    else:
+        ops = [_interleaved(r, p, m, v) for r in range(p)]
+    orders = Orders(ops, [in_flight_formula(schedule, r, p, m, v) for r in range(p)])
+    if v == 1:
+        orders._stage_peak[p] = list(orders.rank_peak)    # one stage per rank, stage k on rank k
+    return orders
 
 
 def action_orders(schedule: str, num_ranks: int, micro_batches: int, virtual_stages: int = 1) -> List[List[Action]]:
     """Each rank's ordered actions (rank r = pipeline position r): what a runtime executes."""
     check_schedule(schedule, micro_batches, num_ranks, virtual_stages)
-    return [list(order) for order in _orders(schedule, num_ranks, micro_batches, virtual_stages)]
+    return [list(order) for order in standard(schedule, num_ranks, micro_batches, virtual_stages).actions]
 
 
 def stage_in_flight(orders: Sequence[Sequence[Action]], num_stages: int) -> List[int]:
@@ -216,9 +263,14 @@ class Simulation:
     step_s: float
     busy_s: List[float]            # per rank: seconds of forward + backward compute
     peak_in_flight: List[int]      # per rank: (stage, micro-batch) activations held at once
-    orders: List[List[Action]]     # per rank, the order simulated
+    simulated: Orders = field(repr=False)
     start_s: Dict[Action, float] = field(default_factory=dict)
     end_s: Dict[Action, float] = field(default_factory=dict)
+
+    @property
+    def orders(self) -> List[List[Action]]:
+        """Per rank, the order simulated."""
+        return [list(o) for o in self.simulated.actions]
 
     @property
     def bubble_fraction(self) -> float:
@@ -254,63 +306,86 @@ def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[fl
     p, m = stages // v, micro_batches
     if orders is None:
         check_schedule(schedule, m, p, v)
-        orders = _orders(schedule, p, m, v)
+        plan = standard(schedule, p, m, v)
+    else:
+        plan = Orders.of(orders)
 
-    f_in: List[List[Optional[float]]] = [[0.0] * m] + [[None] * m for _ in range(stages - 1)]
-    b_in: List[List[Optional[float]]] = [[None] * m for _ in range(stages)]
-    f_end: List[List[Optional[float]]] = [[None] * m for _ in range(stages)]
-    channel_free: Dict[Hashable, float] = {}
+    # Each boundary's transfer, both ways: the channel indices it occupies and its seconds (None: it
+    # is instant, both stages on one rank or nothing to send).  Channels are FIFO in the order sent.
+    index: Dict[Hashable, int] = {}
+
+    def route(src: int, dst: int, seconds: float) -> Optional[Tuple[Tuple[int, ...], float]]:
+        if src == dst or seconds <= 0:
+            return None
+        links = channels(src, dst) if channels is not None else ((src, dst),)
+        return tuple(index.setdefault(c, len(index)) for c in links), seconds
+
+    ahead = [route(k % p, (k + 1) % p, send_s[k]) for k in range(stages - 1)] + [None]
+    back = [None] + [route((k + 1) % p, k % p, grad[k]) for k in range(stages - 1)]
+    channel_free = [0.0] * len(index)
+    last_stage = stages - 1
+
+    # flat per (stage, micro-batch): index k * m + mb
+    f_in: List[Optional[float]] = [0.0] * m + [None] * (m * (stages - 1))
+    b_in: List[Optional[float]] = [None] * (m * stages)
+    f_end: List[Optional[float]] = [None] * (m * stages)
     free, busy, pos = [0.0] * p, [0.0] * p, [0] * p
     starts: Dict[Action, float] = {}
     ends: Dict[Action, float] = {}
     last = 0.0
 
-    def deliver(target: List[Optional[float]], mb: int, ready: float, seconds: float, src: int, dst: int) -> None:
-        if src == dst or seconds <= 0:
-            target[mb] = ready
-            return
-        links = channels(src, dst) if channels is not None else ((src, dst),)
-        begin = max([ready] + [channel_free.get(c, 0.0) for c in links])  # FIFO: in the order they are sent
-        target[mb] = begin + seconds
-        for c in links:
-            channel_free[c] = target[mb]
-
-    remaining = sum(len(o) for o in orders)
+    remaining = sum(len(o) for o in plan.ops)
     while remaining:
         progressed = False
         for r in range(p):
-            order = orders[r]
-            while pos[r] < len(order):
-                a = order[pos[r]]
-                k, mb = a.stage, a.microbatch
-                if a.kind == "F":
-                    ready = f_in[k][mb]
-                elif f_end[k][mb] is None:   # a backward listed before its forward: an invalid order
-                    ready = None
-                else:
-                    ready = f_end[k][mb] if k == stages - 1 else b_in[k][mb]
+            ops, i = plan.ops[r], pos[r]
+            first = i
+            while i < len(ops):
+                fwd, k, mb = ops[i]
+                at = k * m + mb
+                if fwd:
+                    ready = f_in[at]
+                else:   # a backward listed before its forward is an invalid order: it never gets ready
+                    ready = f_end[at]
+                    if ready is not None and k != last_stage:
+                        ready = b_in[at]
                 if ready is None:
                     break
-                begin = max(free[r], ready)
-                dur = fwd_s[k] if a.kind == "F" else bwd_s[k]
+                begin = free[r] if free[r] > ready else ready
+                dur = fwd_s[k] if fwd else bwd_s[k]
                 free[r] = end = begin + dur
                 busy[r] += dur
-                if a.kind == "F":
-                    f_end[k][mb] = end
-                    if k + 1 < stages:
-                        deliver(f_in[k + 1], mb, end, send_s[k], r, (k + 1) % p)
-                elif k > 0:
-                    deliver(b_in[k - 1], mb, end, grad[k - 1], r, (k - 1) % p)
+                if fwd:
+                    f_end[at] = end
+                    hop, target, to = ahead[k], f_in, at + m
+                else:
+                    hop, target, to = back[k], b_in, at - m
+                if k != (last_stage if fwd else 0):
+                    if hop is None:
+                        target[to] = end
+                    else:
+                        links, seconds = hop
+                        start = end
+                        for c in links:
+                            if channel_free[c] > start:
+                                start = channel_free[c]
+                        target[to] = done = start + seconds
+                        for c in links:
+                            channel_free[c] = done
                 if timeline:
+                    a = plan.actions[r][i]
                     starts[a], ends[a] = begin, end
-                last = max(last, end)
-                pos[r] += 1
-                remaining -= 1
+                if end > last:
+                    last = end
+                i += 1
+            if i > first:
+                remaining -= i - first
+                pos[r] = i
                 progressed = True
         if not progressed:
-            stuck = ", ".join(f"rank {r} at {orders[r][pos[r]]}" for r in range(p) if pos[r] < len(orders[r]))
+            stuck = ", ".join(f"rank {r} at {plan.actions[r][pos[r]]}" for r in range(p) if pos[r] < len(plan.ops[r]))
             raise ValueError(f"the action order deadlocks: {stuck}")
-    return Simulation(last, busy, [int(x) for x in rank_in_flight(orders)], [list(o) for o in orders], starts, ends)
+    return Simulation(last, busy, list(plan.rank_peak), plan, starts, ends)
 
 
 def step_time(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[float], micro_batches: int,

@@ -23,6 +23,7 @@ micro-batch count (``LEADS``) is tried for the whole grouping.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
@@ -383,8 +384,12 @@ def replica_key(view, ranks: Sequence[int]) -> tuple:
 def moved(old_ranks: Sequence[int], part, ranks: Sequence[int]):
     """``part`` (predicted for ``old_ranks``) for ``ranks`` of the same ``replica_key``."""
     where = {r: i for i, r in enumerate(old_ranks)}
-    return dataclasses.replace(part, stages=[dataclasses.replace(st, rank=ranks[where[st.rank]])
-                                             for st in part.stages])
+    stages = []
+    for st in part.stages:   # copy and set: dataclasses.replace costs 5x more, and 4,096 devices move ~10^5 stages
+        st = copy.copy(st)
+        st.rank = ranks[where[st.rank]]
+        stages.append(st)
+    return dataclasses.replace(part, stages=stages)
 
 
 def _like(view, ranks: List[int], pattern: Sequence) -> List[int]:
