@@ -218,29 +218,34 @@ class _Search:
         # the next stage's classes, what is left after each, and the two devices a link joins (none depends on e)
         nexts = [(c2, tuple(k - (j == c2) for j, k in enumerate(counts)), *self.pair(c, c2))
                  for c2 in self.allowed(counts, s + 1)] if left else []
+        fd, bd, link, g, budget = pb.f[d], pb.b[d], pb.link, self._g, pb.budget[d]
         for e in ([pb.n] if left == 0 else range(i + 1, pb.n - left + 1)):
-            if pb.mem(d, i, e, s) > pb.budget[d]:
+            if pb.mem(d, i, e, s) > budget:
                 break                                      # memory only grows with more pieces
-            w, f, b = pb.w(d, i, e), pb.f[d][e] - pb.f[d][i], pb.b[d][e] - pb.b[d][i]
+            f, b = fd[e] - fd[i], bd[e] - bd[i]
+            w = fd[e] - fd[i] + bd[e] - bd[i]              # as pb.w: the same rounding as every other bound
             if left == 0:
                 return _Tail(M * w, w, w + (M - 1) * f, w + (M - 1) * b,
                              w + (M - 1) * (f + b) if gpipe else -inf, e, -1)
             one, two = path_terms(pb.schedule, s, pb.p, M, f, b)
             for c2, rest, a, a2 in nexts:
-                cf, cb = pb.link(a, a2, e), pb.link(a2, a, e)
-                t = self._g(e, c2, rest)
+                cf, cb = link(a, a2, e), link(a2, a, e)
+                t = g(e, c2, rest)
                 x = w + cf + cb
-                val = max(M * w, w + max(M * cf + cb, cf + M * cb), x + t.h, x + t.trip + one, 2 * (x + t.trip) + two)
+                xt = x + t.trip
+                val = max(M * w, w + max(M * cf + cb, cf + M * cb), x + t.h, xt + one, 2 * xt + two)
                 gp = -inf
                 if gpipe:
-                    gp = max(x + t.trip + (M - 1) * (f + b), x + t.gp, x + t.fmax + (M - 1) * b, x + t.bmax + (M - 1) * f)
+                    gp = max(xt + (M - 1) * (f + b), x + t.gp, x + t.fmax + (M - 1) * b, x + t.bmax + (M - 1) * f)
                     val = max(val, gp)
                 if val < h:
                     h, cut, cls = val, e, c2
-                trip = min(trip, x + t.trip)
-                fmax = min(fmax, max(x + t.trip + (M - 1) * f, x + t.fmax))
-                bmax = min(bmax, max(x + t.trip + (M - 1) * b, x + t.bmax))
-                gp_least = min(gp_least, gp)
+                if xt < trip:
+                    trip = xt
+                fmax = min(fmax, max(xt + (M - 1) * f, x + t.fmax))
+                bmax = min(bmax, max(xt + (M - 1) * b, x + t.bmax))
+                if gp < gp_least:
+                    gp_least = gp
         return _Tail(h, trip, fmax, bmax, gp_least, cut, cls)
 
     def _dfs_linear(self, s: int, i: int, c: int, counts: Tuple[int, ...], fixed: _Fixed,

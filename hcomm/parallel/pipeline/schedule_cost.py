@@ -57,6 +57,7 @@ enforced.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
@@ -322,7 +323,31 @@ def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[fl
 
     ahead = [route(k % p, (k + 1) % p, send_s[k]) for k in range(stages - 1)] + [None]
     back = [None] + [route((k + 1) % p, k % p, grad[k]) for k in range(stages - 1)]
-    channel_free = [0.0] * len(index)
+    # Everything the result depends on, the channels as the sharing pattern they make: the planner asks
+    # for the same standard-order step again and again (40 % of its simulated actions at 4,096 devices)
+    key = None if orders is not None or timeline else \
+        (schedule, p, m, v, tuple(fwd_s), tuple(bwd_s), tuple(ahead), tuple(back))
+    if key in _SEEN:
+        _SEEN.move_to_end(key)
+        last, busy = _SEEN[key]
+        return Simulation(last, list(busy), list(plan.rank_peak), plan)
+    sim = _run(plan, fwd_s, bwd_s, ahead, back, len(index), m, timeline)
+    if key is not None:
+        _SEEN[key] = (sim.step_s, list(sim.busy_s))
+        if len(_SEEN) > SEEN_SIZE:
+            _SEEN.popitem(last=False)
+    return sim
+
+
+SEEN_SIZE = 1024
+_SEEN: "OrderedDict[tuple, Tuple[float, List[float]]]" = OrderedDict()   # least recently used first
+
+
+def _run(plan: Orders, fwd_s: Sequence[float], bwd_s: Sequence[float], ahead: list, back: list, n_channels: int,
+         m: int, timeline: bool) -> Simulation:
+    """The event loop: ranks in turn run their next actions whose inputs have arrived."""
+    stages, p = len(fwd_s), len(plan.ops)
+    channel_free = [0.0] * n_channels
     last_stage = stages - 1
 
     # flat per (stage, micro-batch): index k * m + mb

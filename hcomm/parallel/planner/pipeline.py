@@ -377,8 +377,13 @@ def _replicas_for(view, replicas, rows, leader, cuts, lead, split, schedule, mic
 def replica_key(view, ranks: Sequence[int]) -> tuple:
     """What a replica's prediction depends on besides cuts, rows and schedule: its devices' piece costs,
     budgets and islands, position by position (replicas of one key predict the same, other ranks)."""
-    return (tuple(id(view.profiles[r].layers) for r in ranks),
-            tuple(view.profiles[r].memory_budget_bytes for r in ranks), tuple(view.island_of(r) for r in ranks))
+    cached = view.__dict__.get("_replica_signature")   # per rank, once per view: thousands of replicas ask
+    if cached is None or cached[0] is not view.profiles or cached[1] is not view.islands:
+        cached = (view.profiles, view.islands, [(id(p.layers), p.memory_budget_bytes, view.island_of(r))
+                                                for r, p in enumerate(view.profiles)])
+        view.__dict__["_replica_signature"] = cached
+    signature = cached[2]
+    return tuple(signature[r] for r in ranks)
 
 
 def moved(old_ranks: Sequence[int], part, ranks: Sequence[int]):

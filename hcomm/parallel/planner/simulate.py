@@ -21,7 +21,7 @@ share of it + activations of the samples it holds at once).  ``hcomm.parallel.si
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from hcomm.parallel.planner import cost
 
@@ -166,8 +166,11 @@ def _stage_memory(replicas, members_of, world: int) -> List[int]:
     for rep in replicas:
         if rep.part is None:
             continue
+        held: Dict[int, int] = {}
+        for st in rep.part.stages:
+            held[st.rank] = held.get(st.rank, 0) + st.state_bytes
         for pos, holder in enumerate(rep.part.ranks):
-            state = sum(st.state_bytes for st in rep.part.stages if st.rank == holder)
+            state = held[holder]
             act = rep.part.memory_bytes[pos] - state
             for r, share, act_scale in members_of(holder):
                 memory[r] = int(state * share + act * act_scale)
