@@ -223,12 +223,13 @@ def _check_groups(groups: List[Any], n_ranks: int) -> None:
 def _check_group(g: Any, where: str, n_ranks: int) -> None:
     if not g.ranks:
         raise PlanError(f"{where}.ranks: must not be empty")
-    listed = Counter(g.ranks)
-    for r in g.ranks:
-        if not 0 <= r < n_ranks:
-            raise PlanError(f"{where}.ranks: rank {r} does not exist (the plan has ranks 0..{n_ranks - 1})")
-        if listed[r] > 1:
-            raise PlanError(f"{where}.ranks: rank {r} is listed {listed[r]} times")
+    if len(set(g.ranks)) != len(g.ranks) or min(g.ranks) < 0 or max(g.ranks) >= n_ranks:
+        listed = Counter(g.ranks)   # (only to name the first bad rank: plans of 4,096 ranks have ~5,000 groups)
+        for r in g.ranks:
+            if not 0 <= r < n_ranks:
+                raise PlanError(f"{where}.ranks: rank {r} does not exist (the plan has ranks 0..{n_ranks - 1})")
+            if listed[r] > 1:
+                raise PlanError(f"{where}.ranks: rank {r} is listed {listed[r]} times")
     if g.bucket_bytes < MIN_BUCKET_BYTES:
         raise PlanError(f"{where}.bucket_bytes: must be >= {MIN_BUCKET_BYTES} (1 KiB), got {g.bucket_bytes}")
     check_compression(g.compression, f"{where}.compression")
