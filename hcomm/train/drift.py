@@ -56,27 +56,33 @@ def resplit_rows(pm, per_sample: List[float], old: List[int], drift: List[float]
 
 
 def recut_pipeline(pm, optimizer, replanner, per_sample: List[float], drift: List[float], drifted: List[int],
-                   after: int, build_optimizer, lr: float, rank: int):
-    """A pipeline: rank 0 plans again on the drifted speeds (every rank gets its plan, or its
-    ValueError), the state moves to the new cuts.  (new ParallelModel, new optimizer, record)."""
+                   after: int, steps_left: int, build_optimizer, lr: float, rank: int):
+    """A pipeline: rank 0 weighs keeping the cuts, re-cutting in place and a new plan for the
+    ``steps_left`` steps (``planner.replan``; every rank gets the choice, or its ValueError), the state
+    moves to the plan chosen.  (ParallelModel, optimizer, record)."""
     from hcomm.parallel.pipeline.restage import restage
     from hcomm.parallel.plan import Plan
     from hcomm.train.worker import _on_rank0
 
     factors = [1.0 + d if math.isfinite(d) else 1.0 for d in drift]
     old = pm.plan
-    text = _on_rank0(lambda: replanner.replan(old, factors).to_yaml(), rank)
+    text = _on_rank0(lambda: replanner.replan(old, factors, steps_left).to_yaml(), rank)
     plan = Plan.from_yaml(text)
-    start = time.perf_counter()
-    pm, optimizer = restage(pm, optimizer, plan, build_optimizer, lr)
-    moved_s = time.perf_counter() - start
     cuts, new_cuts = _layout(old), _layout(plan)
+    moved_s = 0.0
+    if new_cuts != cuts:
+        start = time.perf_counter()
+        pm, optimizer = restage(pm, optimizer, plan, build_optimizer, lr)
+        moved_s = time.perf_counter() - start
+    what = "re-cut" if new_cuts != cuts else "kept"
     if rank == 0:
+        done = (f"re-cut the pipeline after step {after} (ranks, piece cuts, rows, micro-batches): {cuts} -> "
+                f"{new_cuts}" if what == "re-cut" else f"kept the pipeline's cuts after step {after}")
         print(f"hcomm train: {_said(drift, drifted)} from their busy seconds per sample for "
-              f"{old.dp_group().straggler_patience} steps: re-cut the pipeline after step {after} "
-              f"(ranks, piece cuts, rows, micro-batches): {cuts} -> {new_cuts}; {plan.notes[0]}; state moved in "
-              f"{moved_s * 1e3:.0f} ms", flush=True)
-    record = {"after_steps": after, "drifted": drifted, "drift": [drift[r] for r in drifted], "what": "re-cut",
+              f"{old.dp_group().straggler_patience} steps: {done}; {plan.notes[0]}"
+              + (f"; state moved in {moved_s * 1e3:.0f} ms" if what == "re-cut" else ""), flush=True)
+    record = {"after_steps": after, "drifted": drifted, "drift": [drift[r] for r in drifted], "what": what,
+              "choice": plan.notes[0].split(":", 1)[0],
               "ms_per_sample": [s * 1e3 for s in per_sample], "from": cuts, "to": new_cuts,
               "predicted_ms": (plan.predicted_step_s or math.nan) * 1e3, "moved_s": moved_s}
     return pm, optimizer, record

@@ -118,7 +118,7 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
             if drifted and pm.pipe is not None:
                 pm, optimizer, record = drift.recut_pipeline(pm, optimizer, replanner, per_sample,
                                                              watch.drift(per_sample), drifted, step + 1,
-                                                             make_optimizer, args.lr, rank)
+                                                             args.steps - step - 1, make_optimizer, args.lr, rank)
                 replans.append(record)
             elif drifted:
                 replans.append(drift.resplit_rows(pm, per_sample, counts, watch.drift(per_sample), drifted,

@@ -10,13 +10,15 @@ drifted speeds, and ``hcomm train`` trains the reference losses through a re-cut
    (gamma_k + D*u) * max|g| = 6 * 0.1 * 4.1 * 1.5e-5 * 0.25 ~ 9e-6 < 2e-5 absolute, losses 1e-5
    relative; AdamW (m / sqrt(v) is sign-like in the first steps) to 1e-4 relative on losses, as the
    data-parallel AdamW tests.
-2. ``planner.replan``: profiles slowed by the drift factors; a rank 4x slower gets fewer pieces.
+2. ``planner.replan``: profiles slowed by the drift factors; a rank 4x slower gets fewer pieces; the
+   state move priced by hand, and weighed against the steps left (keep, re-cut in place, re-plan).
 3. ``hcomm train --local``: rank 1 turns slow at step 4 (``HCOMM_TRAIN_SLOW``), the watch catches it
    after 3 steps, the pipeline is re-cut with fewer pieces on rank 1, and every step's loss and the
    eval loss equal torch DDP's within 1e-4 relative (test_pipeline_train.py's bound).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -148,11 +150,91 @@ def test_a_rank_four_times_slower_gets_less_work():
     from hcomm.parallel import simulate
 
     kept_s = simulate(before, replanner.view).step_s   # the old cuts at the drifted speeds
-    assert after.notes[0] == (f"predicted at the drifted speeds: {kept_s * 1e3:.0f} ms per step on the old cuts, "
-                              f"{after.predicted_step_s * 1e3:.0f} ms on the new")
+    chosen, rest = after.notes[0].split(": at the drifted speeds, per step: ")
+    assert chosen in ("re-cut in place", "re-plan") and rest.startswith(f"keep the cuts {kept_s * 1e3:.0f} ms per step; ")
+    assert f"{chosen} {after.predicted_step_s * 1e3:.0f} ms per step + " in rest, after.notes[0]
     assert after.predicted_step_s < kept_s
     # a second drift is measured against the speeds the first re-plan assumed
     assert replanner.view.profiles[1].layers[0].fwd_s == pytest.approx(4 * v.profiles[1].layers[0].fwd_s)
+
+
+def _three_ranks():
+    """3 ranks in one island (links 1e-4 s + bytes / 1e9), 5 pieces of 1 MiB parameters + 2 MiB AdamW state."""
+    from tests.parallel.test_simulate import view
+
+    return view([1.0, 1.0, 1.0])
+
+
+def test_move_seconds_by_hand():
+    """Cuts [0, 2, 4, 5] -> [0, 1, 3, 5]: piece 1 goes 0 -> 1, then piece 3 goes 1 -> 2 (rank 1 is busy
+    with the first until it ends); each is 3 MiB in 3 messages: 3e-4 + 3 MiB / 1e9 s."""
+    from hcomm.parallel.planner.replan import held_pieces, move_seconds
+
+    v = _three_ranks()
+    a = pipelines(3, [([0, 1, 2], [0, 2, 4, 5], 8, 2, "1f1b")])
+    b = pipelines(3, [([0, 1, 2], [0, 1, 3, 5], 8, 2, "1f1b")])
+    assert held_pieces(a) == [[0, 1], [2, 3], [4]] and held_pieces(b) == [[0], [1, 2], [3, 4]]
+    one = 3e-4 + 3 * 2**20 / 1e9
+    assert move_seconds(v, a, b) == pytest.approx(2 * one, rel=1e-12)
+    assert move_seconds(v, a, a) == 0.0
+    # another device order moves more: ranks 2, 1, 0 hold [0, 2), [2, 4), [4, 5)
+    c = pipelines(3, [([2, 1, 0], [0, 2, 4, 5], 8, 2, "1f1b")])
+    assert move_seconds(v, a, c) > move_seconds(v, a, b)
+
+
+def _heavy_state_view(beta: float):
+    """3 ranks, one island, links 1e-4 s + bytes / ``beta``; the 5 pieces of test_simulate.py's
+    profiles (0.72 s per sample), but 64 MiB of parameters each (192 MiB to move with AdamW's moments)
+    and a model of dim 32 (the norm's 128 bytes): a sample's activation is 2 KiB, so moving state
+    costs far more than the pipeline's own transfers."""
+    from hcomm.parallel.profile import DeviceProfile, LayerCost
+    from tests.parallel.test_simulate import view
+
+    v = view([1.0, 1.0, 1.0])
+    big = 64 * 2**20
+
+    def heavy(p):
+        layers = [LayerCost(c.name, c.fwd_s, c.bwd_s, 128 if i == 3 else big, 128 if i == 3 else big,
+                            256 if i == 3 else 2 * big, c.act_bytes_per_sample) for i, c in enumerate(p.layers)]
+        return DeviceProfile(p.rank, p.device, p.micro_batch, p.seq_len, layers, 8 << 30, 0, "test", 0.0, "measured")
+    return dataclasses.replace(v, profiles=[heavy(p) for p in v.profiles],
+                               links={"intra": (1e-4, beta), "inter": (1e-4, beta)})
+
+
+def test_the_replan_weighs_the_move_against_the_steps_left():
+    """Rank 1 turns 4x slower.  Re-cutting in place (only the pieces at shifted boundaries move, between
+    neighbours) and the planner's new plan both beat keeping the cuts per step.  On links of 2e7 bytes/s
+    a piece takes ~10 s to move: for one step left no move pays for itself and the cuts stay; for many
+    steps the fastest plan wins.  The note prices each option with ``move_seconds``."""
+    from hcomm.parallel import simulate
+    from hcomm.parallel.planner.cost import model_shape
+    from hcomm.parallel.planner.pipeline import boundary_bytes, plan_pipeline
+    from hcomm.parallel.planner.replan import PipelineReplanner, move_seconds, recut_in_place, slowed_view
+
+    v = _heavy_state_view(2e7)
+    boundary = boundary_bytes(model_shape(v.profiles[0])[0], 16)
+
+    def make(view, old):
+        return plan_pipeline(view, 8, 16, stages=3, boundary=boundary, name=old.name)
+
+    before = make(v, Plan.from_shares([1.0, 0, 0], 8, 16, name="auto"))
+    drifted = slowed_view(v, [1.0, 4.0, 1.0])
+    kept_s = simulate(before, drifted).step_s
+    in_place = recut_in_place(before, drifted)
+    assert in_place.predicted_step_s < kept_s and in_place.ranks[1].layers != before.ranks[1].layers
+    assert [g.ranks for g in in_place.pipeline_groups()] == [g.ranks for g in before.pipeline_groups()]
+    assert move_seconds(v, before, in_place) > 9.0
+
+    one = PipelineReplanner(v, make).replan(before, [1.0, 4.0, 1.0], steps_left=1)
+    assert one.notes[0].startswith(f"keep the cuts: at the drifted speeds, for the 1 steps left: keep the cuts "
+                                   f"{kept_s * 1e3:.0f} ms per step; re-cut in place {in_place.predicted_step_s * 1e3:.0f} "
+                                   f"ms per step + {move_seconds(v, before, in_place):.2f} s to move; re-plan "), one.notes[0]
+    assert [g.cuts for g in one.pipeline_groups()] == [g.cuts for g in before.pipeline_groups()]
+    assert one.predicted_step_s == kept_s
+
+    many = PipelineReplanner(v, make).replan(before, [1.0, 4.0, 1.0], steps_left=10**4)
+    assert many.notes[0].split(":")[0] in ("re-cut in place", "re-plan")
+    assert many.predicted_step_s <= in_place.predicted_step_s < kept_s
 
 
 # ------------------------------------------------------------------ 3. hcomm train

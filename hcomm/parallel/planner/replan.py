@@ -1,16 +1,27 @@
-"""Re-planning a pipeline after ranks drifted: the same planner on the speeds just measured.
+"""Re-planning a pipeline after ranks drifted: the same planner on the speeds just measured, and the
+price of moving the state there.
 
 The straggler watch (``parallel.straggler``) says how far each rank's seconds per sample moved from
 the baseline it showed after the last (re)plan.  The profile stays the shape of each rank's work
-(which pieces cost what, at which micro-batch); the drift is a factor on its speed.  So the new plan
-is the planner's answer on a view whose profiles are each rank's own, slowed (or sped up) by its
-factor -- the one cost model, not a second rule -- and ``pipeline.restage`` moves the state there.
+(which pieces cost what, at which micro-batch); the drift is a factor on its speed.  So the plans
+are predicted on a view whose profiles are each rank's own, slowed (or sped up) by its factor -- the
+one cost model, not a second rule -- and ``pipeline.restage`` moves the state to the plan chosen.
+
+A re-plan is not free: the pieces that change hands move with their parameters and AdamW moments
+(``pipeline.restage``; 4.6 s for the tiny model across the emulator's islands), and the planner,
+free to choose again, may reorder the devices and move nearly every piece.  So three plans are
+weighed for the steps left in the run, each at its predicted step time plus its predicted move:
+keeping the cuts (nothing moves), cutting again in the current device order and rows (only the
+pieces at the shifted boundaries move, between neighbours), and the planner's own new plan.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
-from typing import Callable, Sequence
+from typing import Callable, List, Optional, Sequence
+
+MESSAGES_PER_PIECE = 3   # restage sends a piece's parameters and its two AdamW moments
 
 
 def slowed_view(view, factors: Sequence[float]):
@@ -24,6 +35,68 @@ def slowed_view(view, factors: Sequence[float]):
                                optimizer_s=[s * f for s, f in zip(view.optimizer_s, factors)])
 
 
+def held_pieces(plan) -> List[List[int]]:
+    """Per rank, the model pieces whose training state it holds (the pieces of its stages)."""
+    held: List[List[int]] = [[] for _ in plan.ranks]
+    for g in plan.pipeline_groups():
+        p = len(g.ranks)
+        for k in range(len(g.cuts) - 1):
+            held[g.ranks[k % p]].extend(range(g.cuts[k], g.cuts[k + 1]))
+    return held
+
+
+def move_seconds(view, old, new) -> float:
+    """Predicted seconds of ``restage`` moving ``old``'s state to ``new``: each piece that changes hands
+    goes from its lowest old holder to each new one (``restage.transfers``), its parameters and AdamW
+    state over the link between them; the sends are blocking, in one global order, so a transfer starts
+    when both its ends are done with the ones before it."""
+    from hcomm.parallel.pipeline.restage import transfers
+
+    n = len(view.profiles[0].layers)
+    free = [0.0] * view.world_size
+    for piece, src, dst in transfers(held_pieces(old), held_pieces(new), list(range(n))):
+        layer = view.profiles[src].layers[piece]
+        nbytes = layer.param_bytes + layer.optim_bytes
+        start = max(free[src], free[dst])
+        free[src] = free[dst] = start + view.p2p_s(src, dst, nbytes) + \
+            (MESSAGES_PER_PIECE - 1) * view.p2p_s(src, dst, 0)
+    return max(free)
+
+
+def recut_in_place(plan, view):
+    """``plan`` with new cuts for ``view`` and nothing else changed (device order, rows, micro-batches,
+    schedule): the exact partition search of its largest replica in its own device order; None when
+    those cuts do not fit every replica."""
+    from hcomm.parallel.pipeline.partition import partition
+    from hcomm.parallel.planner import cost
+    from hcomm.parallel.planner.pipeline import boundary_bytes
+    from hcomm.parallel.planner.pipeline_step import transfer_costs
+    from hcomm.parallel.planner.simulate import simulate
+
+    counts, leaders = plan.batch_counts(), plan.rows_leaders()
+    groups = plan.pipeline_groups()
+    lead = max(groups, key=lambda g: counts[leaders[g.ranks[0]]])
+    rows = counts[leaders[lead.ranks[0]]]
+    dim = cost.model_shape(view.profiles[0])[0]
+    try:
+        part = partition([view.profiles[r] for r in lead.ranks], micro_batches=lead.micro_batches,
+                         micro_batch=rows // lead.micro_batches, schedule=lead.schedule,
+                         virtual_stages=lead.virtual_stages, boundary_bytes=boundary_bytes(dim, plan.seq_len),
+                         order=list(range(len(lead.ranks))), **transfer_costs(view))
+    except ValueError:
+        return None
+    out = copy.deepcopy(plan)
+    for g in out.pipeline_groups():
+        g.cuts = list(part.cuts)
+        for pos, r in enumerate(g.ranks):
+            out.ranks[r].layers = (g.cuts[pos], g.cuts[pos + 1]) if g.virtual_stages == 1 else None
+    sim = simulate(out, view)
+    if not sim.fits:
+        return None
+    out.predicted_step_s = sim.step_s
+    return out
+
+
 class PipelineReplanner:
     """Makes a pipeline plan again for drifted speeds.  ``make(view, plan)``: the planner call that made
     ``plan`` (same stages, split, pins), on another view.  Keeps the view it planned on last, so a
@@ -32,18 +105,34 @@ class PipelineReplanner:
     def __init__(self, view, make: Callable):
         self.view, self.make = view, make
 
-    def replan(self, plan, factors: Sequence[float]):
-        """The new plan; its first note compares it with ``plan`` at the drifted speeds."""
+    def replan(self, plan, factors: Sequence[float], steps_left: Optional[int] = None):
+        """The plan to run the ``steps_left`` steps on (None: as many as it takes for any saving to pay
+        for its move): the least predicted step time x steps left + move seconds of keeping ``plan``,
+        re-cutting it in place, and the planner's new plan.  Its first note says what each would cost."""
         from hcomm.parallel.planner.simulate import simulate
 
         self.view = slowed_view(self.view, factors)
+        kept = copy.deepcopy(plan)
+        kept.predicted_step_s = simulate(plan, self.view).step_s
+        options = [("keep the cuts", kept, 0.0)]
+        in_place = recut_in_place(plan, self.view)
+        if in_place is not None:
+            options.append(("re-cut in place", in_place, move_seconds(self.view, plan, in_place)))
         new = self.make(self.view, plan)
-        kept_s = simulate(plan, self.view).step_s
-        new.notes = [f"predicted at the drifted speeds: {kept_s * 1e3:.0f} ms per step on the old cuts, "
-                     f"{new.predicted_step_s * 1e3:.0f} ms on the new", *new.notes]
-        for old_rank, new_rank in zip(plan.ranks, new.ranks):   # a rank's dtype is its device's
+        options.append(("re-plan", new, move_seconds(self.view, plan, new)))
+
+        def total(option):   # no count given: the faster step wins, the smaller move breaks a tie
+            _, p, move = option
+            return (p.predicted_step_s * steps_left + move, 0.0) if steps_left is not None else \
+                (p.predicted_step_s, move)
+        what, chosen, _ = min(options, key=total)
+        left = f"for the {steps_left} steps left" if steps_left is not None else "per step"
+        chosen.notes = [f"{what}: at the drifted speeds, {left}: " + "; ".join(
+            f"{label} {p.predicted_step_s * 1e3:.0f} ms per step" + (f" + {move:.2f} s to move" if move else "")
+            for label, p, move in options), *chosen.notes]
+        for old_rank, new_rank in zip(plan.ranks, chosen.ranks):   # a rank's dtype is its device's
             new_rank.compute_dtype = old_rank.compute_dtype
-        dp, new_dp = plan.dp_group(), new.dp_group()
+        dp, new_dp = plan.dp_group(), chosen.dp_group()
         new_dp.straggler_margin, new_dp.straggler_patience = dp.straggler_margin, dp.straggler_patience
-        new.name = plan.name
-        return new
+        chosen.name = plan.name
+        return chosen
