@@ -121,9 +121,12 @@ def write(doc, events, stem: str, date: str, log, plans: str) -> None:
     for name, run in runs.items():
         for r in run.get("replans", []):
             if "moved_s" in r:   # a pipeline re-cut: the state move is outside every step's seconds
-                lines.append(f"- {name}: the re-cut after step {r['after_steps']} moved the state in "
-                             f"{r['moved_s']:.2f} s, once (in the tokens/s, not in the ms/step above); "
-                             f"predicted step on the new cuts {r['predicted_ms']:.0f} ms")
+                lines.append(f"- {name}: after step {r['after_steps']} {r.get('what', 're-cut')}: the state moved "
+                             f"in {r['moved_s']:.2f} s, once (in the tokens/s, not in the ms/step above); "
+                             f"predicted step on the plan chosen {r['predicted_ms']:.0f} ms")
+            for o in r.get("options", []):
+                lines.append(f"  - option {o['what']}: predicted {o['step_ms']:.0f} ms per step"
+                             + (f" + {o['move_s']:.2f} s to move" if o["move_s"] else ""))
     lines += [f"- speed changes applied (progress step, speed of rank {SLOW_RANK}): {events}", "", "```",
               *[line.split("] ", 1)[-1] for line in log if " r0] " in line][-16:], "```"]
     with open(stem + ".md", "w") as f:

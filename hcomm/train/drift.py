@@ -85,6 +85,8 @@ def recut_pipeline(pm, optimizer, replanner, per_sample: List[float], drift: Lis
               "choice": plan.notes[0].split(":", 1)[0],
               "ms_per_sample": [s * 1e3 for s in per_sample], "from": cuts, "to": new_cuts,
               "predicted_ms": (plan.predicted_step_s or math.nan) * 1e3, "moved_s": moved_s}
+    if rank == 0:   # where the choice was made: each option's predicted step and move
+        record["options"] = [{"what": w, "step_ms": s * 1e3, "move_s": m} for w, s, m in replanner.options]
     return pm, optimizer, record
 
 

@@ -118,6 +118,28 @@ def test_transfers_between_islands_share_the_uplinks_by_hand():
     assert sc.lower_bound(fwd, bwd, send, 3, "gpipe", 1, grad) <= 54.0
 
 
+def test_a_remembered_simulation_is_the_simulation():
+    """The simulation remembers results for the schedule's own orders (the planner asks again and again):
+    a repeat equals a fresh run (the same orders passed explicitly are never remembered), a caller that
+    changes what it got back changes nothing remembered, and two channel sharings of the same seconds
+    are two results (the ABAB uplinks above: 62 s shared, 54 s a link per pair)."""
+    fwd, bwd, send = [1.0, 2.0, 1.5], [2.0, 3.0, 2.5], [0.25, 0.5]
+    first = sc.simulate(fwd, bwd, send, 5)
+    first.busy_s[0] = -1.0
+    again = sc.simulate(fwd, bwd, send, 5)
+    fresh = sc.simulate(fwd, bwd, send, 5, orders=sc.action_orders("1f1b", 3, 5))
+    assert (again.step_s, again.busy_s, again.peak_in_flight) == (fresh.step_s, fresh.busy_s, fresh.peak_in_flight)
+    assert again.orders == fresh.orders == sc.action_orders("1f1b", 3, 5)
+    island = "ABAB"
+
+    def uplinks(src, dst):
+        return ((src, dst),) if island[src] == island[dst] else (("out", island[src]), ("in", island[dst]))
+
+    gpipe = ([1.0] * 4, [0.0] * 4, [10.0] * 3, 3, "gpipe", 1, [0.0] * 3)
+    for _ in range(2):
+        assert sc.simulate(*gpipe, channels=uplinks).step_s == 62.0 and sc.simulate(*gpipe).step_s == 54.0
+
+
 def test_devices_of_different_islands_are_not_interchangeable():
     """Equal devices in islands {0, 1} and {2}: 0 and 1 swap freely, 2 does not (its transfers take
     the uplinks), unless the cost model has no shared links."""

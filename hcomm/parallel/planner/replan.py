@@ -104,6 +104,7 @@ class PipelineReplanner:
 
     def __init__(self, view, make: Callable):
         self.view, self.make = view, make
+        self.options: list = []
 
     def replan(self, plan, factors: Sequence[float], steps_left: Optional[int] = None):
         """The plan to run the ``steps_left`` steps on (None: as many as it takes for any saving to pay
@@ -126,6 +127,8 @@ class PipelineReplanner:
             return (p.predicted_step_s * steps_left + move, 0.0) if steps_left is not None else \
                 (p.predicted_step_s, move)
         what, chosen, _ = min(options, key=total)
+        # for the run's record: (what, predicted step seconds, predicted move seconds) of each option
+        self.options = [(label, p.predicted_step_s, move) for label, p, move in options]
         left = f"for the {steps_left} steps left" if steps_left is not None else "per step"
         chosen.notes = [f"{what}: at the drifted speeds, {left}: " + "; ".join(
             f"{label} {p.predicted_step_s * 1e3:.0f} ms per step" + (f" + {move:.2f} s to move" if move else "")
