@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from hcomm.emulate.bootstrap import module_command
 from hcomm.emulate.cluster import Cluster, _env_with_hcomm
@@ -75,12 +75,36 @@ def node_env(cluster: Cluster, node_index: int) -> Dict[str, str]:
     return env
 
 
-def _pump(stream, node_name: str, out) -> None:
+def _ranks_succeeded(run_dir: str, ranks: List[int]) -> bool:
+    """Whether every one of ``ranks`` has left an exit record of 0 (rankwrap writes it as a rank ends)."""
+    for rank in ranks:
+        try:
+            with open(os.path.join(run_dir, f"rank{rank}.exit.json")) as f:
+                if json.load(f)["returncode"] != 0:
+                    return False
+        except (OSError, ValueError, KeyError):
+            return False
+    return True
+
+
+def _pump(stream, node_name: str, out, proc: Optional[subprocess.Popen] = None,
+          succeeded: Optional[Callable[[], bool]] = None) -> None:
+    """Copies a node's output, the agent's own lines prefixed ``[node torchrun]``.  What the agent says
+    after every rank of its node succeeded is held back and dropped if the agent then exits 0: it is its
+    rendezvous shutdown racing node 0's agent, which hosts the store and may have gone already (a C++
+    ``recvVector failed`` trace and "failed to shutdown the rendezvous"); the job is over and fine."""
     marker = f"[{node_name} r"
+    late: List[str] = []
     for line in iter(stream.readline, ""):
-        if not line.startswith(marker):
-            line = f"[{node_name} torchrun] {line}"
-        out.write(line)
+        if line.startswith(marker):
+            out.write(line)
+        elif succeeded is not None and (late or succeeded()):
+            late.append(f"[{node_name} torchrun] {line}")
+        else:
+            out.write(f"[{node_name} torchrun] {line}")
+        out.flush()
+    if late and (proc is None or proc.wait() != 0):
+        out.write("".join(late))
         out.flush()
 
 
@@ -138,6 +162,9 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -
     if cluster.unshaped:
         print(_UNSHAPED_BANNER, file=sys.stderr, flush=True)
     port = HCOMM_EMU_PORT.get()
+    run_dir = os.path.dirname(cluster.spec_path)
+    for stale in glob.glob(os.path.join(run_dir, "rank*.exit.json")):   # exit records of an earlier run
+        os.remove(stale)
     procs, pumps = [], []
     try:
         for i, node in enumerate(cluster.spec.nodes):
@@ -147,7 +174,10 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -
                                  # stops its workers; `down` removes the rest.
                                  preexec_fn=cluster.preexec(i, signal.SIGTERM))
             procs.append(p)
-            t = threading.Thread(target=_pump, args=(p.stdout, node.name, out), daemon=True)
+            ranks = [r.rank for r in node.ranks]
+            t = threading.Thread(target=_pump, args=(p.stdout, node.name, out, p,
+                                                     lambda ranks=ranks: _ranks_succeeded(run_dir, ranks)),
+                                 daemon=True)
             t.start()
             pumps.append(t)
         _wait_all(procs, HCOMM_EMU_GRACE.get())
@@ -163,7 +193,7 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -
                 p.wait()
         for t in pumps:
             t.join(timeout=5)
-    failure = first_failure(cluster.spec, os.path.dirname(cluster.spec_path))
+    failure = first_failure(cluster.spec, run_dir)
     if failure is not None:
         code, why = failure
         print(f"hcomm emulate: {why}", file=sys.stderr, flush=True)

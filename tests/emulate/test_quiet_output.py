@@ -66,3 +66,45 @@ def test_hosts_file_is_bind_mounted_in_the_node_and_goes_with_the_run(emulator):
     assert not os.path.exists(hosts)
     assert leftovers(run_id) == []
     assert socket.gethostname()  # the host's resolver still works after teardown
+
+
+def test_the_agents_shutdown_chatter_after_a_good_run_is_dropped(tmp_path):
+    """``launch._pump`` (no emulator needed): a node's agent lines while its ranks run are shown; what it
+    says after every rank of the node left an exit record of 0 is held, dropped when the agent then exits 0
+    (its rendezvous shutdown racing node 0's, which hosts the store) and shown when it does not."""
+    import io
+    import json
+
+    from hcomm.emulate.launch import _pump, _ranks_succeeded
+
+    class Agent:
+        def __init__(self, code):
+            self.code = code
+
+        def wait(self):
+            return self.code
+
+    def pump(code, lines_after):
+        out = io.StringIO()
+        for r in (0, 1):
+            (tmp_path / f"rank{r}.exit.json").unlink(missing_ok=True)
+        stream = iter(["agent starting\n", "[n0 r0] step 1\n", None, *lines_after, ""])
+
+        def readline():
+            line = next(stream)
+            if line is None:   # both ranks end: their exit records appear
+                for r in (0, 1):
+                    (tmp_path / f"rank{r}.exit.json").write_text(json.dumps({"returncode": 0}))
+                line = next(stream)
+            return line
+        _pump(type("S", (), {"readline": staticmethod(readline)}), "n0", out, Agent(code),
+              lambda: _ranks_succeeded(str(tmp_path), [0, 1]))
+        return out.getvalue()
+
+    chatter = ["[W] TCPStore.cpp:115] [c10d] recvVector failed\n", "failed to shutdown the rendezvous\n"]
+    assert pump(0, chatter) == "[n0 torchrun] agent starting\n[n0 r0] step 1\n"
+    assert pump(1, chatter) == ("[n0 torchrun] agent starting\n[n0 r0] step 1\n"
+                                "[n0 torchrun] [W] TCPStore.cpp:115] [c10d] recvVector failed\n"
+                                "[n0 torchrun] failed to shutdown the rendezvous\n")
+    (tmp_path / "rank1.exit.json").write_text(json.dumps({"returncode": 3}))
+    assert not _ranks_succeeded(str(tmp_path), [0, 1]) and not _ranks_succeeded(str(tmp_path), [0, 1, 2])
