@@ -307,9 +307,9 @@ def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[fl
     p, m = stages // v, micro_batches
     if orders is None:
         check_schedule(schedule, m, p, v)
-        plan = standard(schedule, p, m, v)
+        run_orders = standard(schedule, p, m, v)
     else:
-        plan = Orders.of(orders)
+        run_orders = Orders.of(orders)
 
     # Each boundary's transfer, both ways: the channel indices it occupies and its seconds (None: it
     # is instant, both stages on one rank or nothing to send).  Channels are FIFO in the order sent.
@@ -330,8 +330,8 @@ def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[fl
     if key in _SEEN:
         _SEEN.move_to_end(key)
         last, busy = _SEEN[key]
-        return Simulation(last, list(busy), list(plan.rank_peak), plan)
-    sim = _run(plan, fwd_s, bwd_s, ahead, back, len(index), m, timeline)
+        return Simulation(last, list(busy), list(run_orders.rank_peak), run_orders)
+    sim = _run(run_orders, fwd_s, bwd_s, ahead, back, len(index), m, timeline)
     if key is not None:
         _SEEN[key] = (sim.step_s, list(sim.busy_s))
         if len(_SEEN) > SEEN_SIZE:
@@ -343,10 +343,10 @@ SEEN_SIZE = 1024
 _SEEN: "OrderedDict[tuple, Tuple[float, List[float]]]" = OrderedDict()   # least recently used first
 
 
-def _run(plan: Orders, fwd_s: Sequence[float], bwd_s: Sequence[float], ahead: list, back: list, n_channels: int,
-         m: int, timeline: bool) -> Simulation:
+def _run(run_orders: Orders, fwd_s: Sequence[float], bwd_s: Sequence[float], ahead: list, back: list,
+         n_channels: int, m: int, timeline: bool) -> Simulation:
     """The event loop: ranks in turn run their next actions whose inputs have arrived."""
-    stages, p = len(fwd_s), len(plan.ops)
+    stages, p = len(fwd_s), len(run_orders.ops)
     channel_free = [0.0] * n_channels
     last_stage = stages - 1
 
@@ -359,11 +359,11 @@ def _run(plan: Orders, fwd_s: Sequence[float], bwd_s: Sequence[float], ahead: li
     ends: Dict[Action, float] = {}
     last = 0.0
 
-    remaining = sum(len(o) for o in plan.ops)
+    remaining = sum(len(o) for o in run_orders.ops)
     while remaining:
         progressed = False
         for r in range(p):
-            ops, i = plan.ops[r], pos[r]
+            ops, i = run_orders.ops[r], pos[r]
             first = i
             while i < len(ops):
                 fwd, k, mb = ops[i]
@@ -398,7 +398,7 @@ def _run(plan: Orders, fwd_s: Sequence[float], bwd_s: Sequence[float], ahead: li
                         for c in links:
                             channel_free[c] = done
                 if timeline:
-                    a = plan.actions[r][i]
+                    a = run_orders.actions[r][i]
                     starts[a], ends[a] = begin, end
                 if end > last:
                     last = end
@@ -408,9 +408,10 @@ def _run(plan: Orders, fwd_s: Sequence[float], bwd_s: Sequence[float], ahead: li
                 pos[r] = i
                 progressed = True
         if not progressed:
-            stuck = ", ".join(f"rank {r} at {plan.actions[r][pos[r]]}" for r in range(p) if pos[r] < len(plan.ops[r]))
+            stuck = ", ".join(f"rank {r} at {run_orders.actions[r][pos[r]]}" for r in range(p)
+                              if pos[r] < len(run_orders.ops[r]))
             raise ValueError(f"the action order deadlocks: {stuck}")
-    return Simulation(last, busy, list(plan.rank_peak), plan, starts, ends)
+    return Simulation(last, busy, list(run_orders.rank_peak), run_orders, starts, ends)
 
 
 def step_time(fwd_s: Sequence[float], bwd_s: Sequence[float], send_s: Sequence[float], micro_batches: int,
