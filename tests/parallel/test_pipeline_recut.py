@@ -238,6 +238,12 @@ def test_the_replan_weighs_the_move_against_the_steps_left():
     assert many.notes[0].split(":")[0] in ("re-cut in place", "re-plan")
     assert many.predicted_step_s <= in_place.predicted_step_s < kept_s
 
+    def refuse(view, old):
+        raise ValueError("no plan fits\nmore")
+    alone = PipelineReplanner(v, refuse).replan(before, [1.0, 4.0, 1.0], steps_left=10**4)
+    assert alone.notes[0].startswith("re-cut in place: ") and alone.notes[0].endswith("; re-plan refused: no plan fits")
+    assert [g.cuts for g in alone.pipeline_groups()] == [g.cuts for g in in_place.pipeline_groups()]
+
 
 # ------------------------------------------------------------------ 3. hcomm train
 

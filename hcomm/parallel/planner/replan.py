@@ -119,8 +119,12 @@ class PipelineReplanner:
         in_place = recut_in_place(plan, self.view)
         if in_place is not None:
             options.append(("re-cut in place", in_place, move_seconds(self.view, plan, in_place)))
-        new = self.make(self.view, plan)
-        options.append(("re-plan", new, move_seconds(self.view, plan, new)))
+        refused = ""
+        try:
+            new = self.make(self.view, plan)
+            options.append(("re-plan", new, move_seconds(self.view, plan, new)))
+        except ValueError as error:   # the planner finds nothing at these speeds: the other two still stand
+            refused = f"; re-plan refused: {str(error).splitlines()[0][:200]}"
 
         def total(option):   # no count given: the faster step wins, the smaller move breaks a tie
             _, p, move = option
@@ -132,7 +136,7 @@ class PipelineReplanner:
         left = f"for the {steps_left} steps left" if steps_left is not None else "per step"
         chosen.notes = [f"{what}: at the drifted speeds, {left}: " + "; ".join(
             f"{label} {p.predicted_step_s * 1e3:.0f} ms per step" + (f" + {move:.2f} s to move" if move else "")
-            for label, p, move in options), *chosen.notes]
+            for label, p, move in options) + refused, *chosen.notes]
         for old_rank, new_rank in zip(plan.ranks, chosen.ranks):   # a rank's dtype is its device's
             new_rank.compute_dtype = old_rank.compute_dtype
         dp, new_dp = plan.dp_group(), chosen.dp_group()
