@@ -183,15 +183,15 @@ def test_move_seconds_by_hand():
     assert move_seconds(v, a, c) > move_seconds(v, a, b)
 
 
-def _heavy_state_view(beta: float):
-    """3 ranks, one island, links 1e-4 s + bytes / ``beta``; the 5 pieces of test_simulate.py's
+def _heavy_state_view(beta: float, ranks: int = 3):
+    """``ranks`` ranks, one island, links 1e-4 s + bytes / ``beta``; the 5 pieces of test_simulate.py's
     profiles (0.72 s per sample), but 64 MiB of parameters each (192 MiB to move with AdamW's moments)
     and a model of dim 32 (the norm's 128 bytes): a sample's activation is 2 KiB, so moving state
     costs far more than the pipeline's own transfers."""
     from hcomm.parallel.profile import DeviceProfile, LayerCost
     from tests.parallel.test_simulate import view
 
-    v = view([1.0, 1.0, 1.0])
+    v = view([1.0] * ranks)
     big = 64 * 2**20
 
     def heavy(p):
@@ -243,6 +243,35 @@ def test_the_replan_weighs_the_move_against_the_steps_left():
     alone = PipelineReplanner(v, refuse).replan(before, [1.0, 4.0, 1.0], steps_left=10**4)
     assert alone.notes[0].startswith("re-cut in place: ") and alone.notes[0].endswith("; re-plan refused: no plan fits")
     assert [g.cuts for g in alone.pipeline_groups()] == [g.cuts for g in in_place.pipeline_groups()]
+
+
+def test_replicas_take_rows_from_a_slow_one_before_any_state_moves():
+    """2 replicas of 2 stages, rank 1 turns 4x slower: splitting the replicas' rows again by their speeds
+    moves no state, so even with one step left (and ~10 s per piece of state on these links) it beats
+    keeping the plan; the cuts and devices stay, the slow replica gets fewer rows."""
+    from hcomm.parallel.planner.cost import model_shape
+    from hcomm.parallel.planner.pipeline import boundary_bytes, plan_pipeline
+    from hcomm.parallel.planner.replan import PipelineReplanner, resplit_replicas, slowed_view
+
+    v = _heavy_state_view(2e7, ranks=4)
+    boundary = boundary_bytes(model_shape(v.profiles[0])[0], 16)
+
+    def make(view, old):
+        return plan_pipeline(view, 8, 16, stages=2, boundary=boundary, name=old.name)
+
+    before = make(v, Plan.from_shares([1.0, 0, 0, 0], 8, 16, name="auto"))
+    assert len(before.pipeline_groups()) == 2
+    rows = resplit_replicas(before, slowed_view(v, [1.0, 4.0, 1.0, 1.0]))
+    slow = next(i for i, g in enumerate(before.pipeline_groups()) if 1 in g.ranks)
+    lead = [g.ranks[0] for g in before.pipeline_groups()]
+    assert rows.batch_counts()[lead[slow]] < before.batch_counts()[lead[slow]]
+    assert [(g.ranks, g.cuts) for g in rows.pipeline_groups()] == [(g.ranks, g.cuts) for g in before.pipeline_groups()]
+
+    chosen = PipelineReplanner(v, make).replan(before, [1.0, 4.0, 1.0, 1.0], steps_left=1)
+    assert chosen.notes[0].startswith("re-split the rows: "), chosen.notes[0]
+    assert chosen.batch_counts() == rows.batch_counts()
+    one = plan_pipeline(_three_ranks(), 8, 16, stages=3, boundary=4096, name="auto")
+    assert len(one.pipeline_groups()) == 1 and resplit_replicas(one, _three_ranks()) is None
 
 
 # ------------------------------------------------------------------ 3. hcomm train

@@ -9,10 +9,11 @@ one cost model, not a second rule -- and ``pipeline.restage`` moves the state to
 
 A re-plan is not free: the pieces that change hands move with their parameters and AdamW moments
 (``pipeline.restage``; 4.6 s for the tiny model across the emulator's islands), and the planner,
-free to choose again, may reorder the devices and move nearly every piece.  So three plans are
-weighed for the steps left in the run, each at its predicted step time plus its predicted move:
-keeping the cuts (nothing moves), cutting again in the current device order and rows (only the
-pieces at the shifted boundaries move, between neighbours), and the planner's own new plan.
+free to choose again, may reorder the devices and move nearly every piece.  So the plans below
+are weighed for the steps left in the run, each at its predicted step time plus its predicted move:
+keeping the cuts (nothing moves); with replicas, splitting their rows again by their speeds (rows
+move, no state); cutting again in the current device order and rows (only the pieces at the
+shifted boundaries move, between neighbours); and the planner's own new plan.
 """
 from __future__ import annotations
 
@@ -63,6 +64,37 @@ def move_seconds(view, old, new) -> float:
     return max(free)
 
 
+def resplit_replicas(plan, view):
+    """``plan`` with the rows of its pipeline replicas split again by their predicted seconds per row at
+    ``view``'s speeds (twice, as the planner refines them), cuts and devices unchanged: rows move, no
+    state.  None with one replica, a replica without rows, or micro-batch counts that differ or do not
+    divide the batch."""
+    from hcomm.parallel.plan import apportion
+    from hcomm.parallel.planner.simulate import replica_steps, simulate
+
+    groups = plan.pipeline_groups()
+    counts = {g.micro_batches for g in groups}
+    if len(groups) < 2 or len(counts) != 1 or plan.global_batch % min(counts):
+        return None
+    m = counts.pop()
+    out = copy.deepcopy(plan)
+    speed = [0.0] * len(groups)   # rows per second; a replica left without rows keeps its last
+    for _ in range(2):
+        for i, (rows, step) in enumerate(replica_steps(out, view)):
+            if rows:
+                speed[i] = rows / step if step > 0 else 0.0
+        if not all(x > 0 for x in speed):
+            return None
+        rows = [n * m for n in apportion(speed, plan.global_batch // m)]
+        for g, n in zip(out.pipeline_groups(), rows):
+            out.ranks[g.ranks[0]].batch_share = n / plan.global_batch
+    sim = simulate(out, view)
+    if not sim.fits:
+        return None
+    out.predicted_step_s = sim.step_s
+    return out
+
+
 def recut_in_place(plan, view):
     """``plan`` with new cuts for ``view`` and nothing else changed (device order, rows, micro-batches,
     schedule): the exact partition search of its largest replica in its own device order; None when
@@ -108,14 +140,17 @@ class PipelineReplanner:
 
     def replan(self, plan, factors: Sequence[float], steps_left: Optional[int] = None):
         """The plan to run the ``steps_left`` steps on (None: as many as it takes for any saving to pay
-        for its move): the least predicted step time x steps left + move seconds of keeping ``plan``,
-        re-cutting it in place, and the planner's new plan.  Its first note says what each would cost."""
+        for its move): the least predicted step time x steps left + move seconds of the options in the
+        module docstring.  Its first note says what each would cost."""
         from hcomm.parallel.planner.simulate import simulate
 
         self.view = slowed_view(self.view, factors)
         kept = copy.deepcopy(plan)
         kept.predicted_step_s = simulate(plan, self.view).step_s
         options = [("keep the cuts", kept, 0.0)]
+        rows = resplit_replicas(plan, self.view)
+        if rows is not None:
+            options.append(("re-split the rows", rows, 0.0))
         in_place = recut_in_place(plan, self.view)
         if in_place is not None:
             options.append(("re-cut in place", in_place, move_seconds(self.view, plan, in_place)))

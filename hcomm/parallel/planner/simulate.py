@@ -151,6 +151,15 @@ def _replicas(plan, view, pipes, dim: int):
     return out
 
 
+def replica_steps(plan, view, dim: Optional[int] = None) -> List[tuple]:
+    """(rows, predicted step seconds) of each pipeline replica of ``plan`` (pipelines without TP groups),
+    each alone: what the rows of the replicas are split by."""
+    dim = dim if dim is not None else cost.model_shape(view.profiles[0])[0]
+    counts, leaders = plan.batch_counts(), plan.rows_leaders()
+    pipes = [(g.ranks, counts[leaders[g.ranks[0]]], g) for g in plan.pipeline_groups()]
+    return [(rep.rows, rep.step_s) for rep in _replicas(plan, view, pipes, dim)]
+
+
 def _pipeline_totals(view, replicas, boundary: int):
     from hcomm.parallel.planner.pipeline_step import replicas_step_s
 
