@@ -158,7 +158,7 @@ class PipelineReplanner:
         try:
             new = self.make(self.view, plan)
             options.append(("re-plan", new, move_seconds(self.view, plan, new)))
-        except ValueError as error:   # the planner finds nothing at these speeds: the other two still stand
+        except ValueError as error:   # the planner finds nothing at these speeds: the other options stand
             refused = f"; re-plan refused: {str(error).splitlines()[0][:200]}"
 
         def total(option):   # no count given: the faster step wins, the smaller move breaks a tie
