@@ -64,13 +64,24 @@ def move_seconds(view, old, new) -> float:
     return max(free)
 
 
+def _predicted(plan, view):
+    """``plan`` with its predicted step on ``view``, or None when it does not fit memory there."""
+    from hcomm.parallel.planner.simulate import simulate
+
+    sim = simulate(plan, view)
+    if not sim.fits:
+        return None
+    plan.predicted_step_s = sim.step_s
+    return plan
+
+
 def resplit_replicas(plan, view):
     """``plan`` with the rows of its pipeline replicas split again by their predicted seconds per row at
     ``view``'s speeds (twice, as the planner refines them), cuts and devices unchanged: rows move, no
     state.  None with one replica, a replica without rows, or micro-batch counts that differ or do not
     divide the batch."""
     from hcomm.parallel.plan import apportion
-    from hcomm.parallel.planner.simulate import replica_steps, simulate
+    from hcomm.parallel.planner.simulate import replica_steps
 
     groups = plan.pipeline_groups()
     counts = {g.micro_batches for g in groups}
@@ -88,11 +99,7 @@ def resplit_replicas(plan, view):
         rows = [n * m for n in apportion(speed, plan.global_batch // m)]
         for g, n in zip(out.pipeline_groups(), rows):
             out.ranks[g.ranks[0]].batch_share = n / plan.global_batch
-    sim = simulate(out, view)
-    if not sim.fits:
-        return None
-    out.predicted_step_s = sim.step_s
-    return out
+    return _predicted(out, view)
 
 
 def recut_in_place(plan, view):
@@ -103,7 +110,6 @@ def recut_in_place(plan, view):
     from hcomm.parallel.planner import cost
     from hcomm.parallel.planner.pipeline import boundary_bytes
     from hcomm.parallel.planner.pipeline_step import transfer_costs
-    from hcomm.parallel.planner.simulate import simulate
 
     counts, leaders = plan.batch_counts(), plan.rows_leaders()
     groups = plan.pipeline_groups()
@@ -122,11 +128,7 @@ def recut_in_place(plan, view):
         g.cuts = list(part.cuts)
         for pos, r in enumerate(g.ranks):
             out.ranks[r].layers = (g.cuts[pos], g.cuts[pos + 1]) if g.virtual_stages == 1 else None
-    sim = simulate(out, view)
-    if not sim.fits:
-        return None
-    out.predicted_step_s = sim.step_s
-    return out
+    return _predicted(out, view)
 
 
 class PipelineReplanner:
