@@ -63,8 +63,45 @@ def unsupported(plan) -> Optional[str]:
             f"outer sync every {dp.sync_every} steps" if dp.sync_every > 1 else None)
     if what is None:
         return None
-    return (f"--checkpoint-every: plan '{plan.name}' uses {what}; checkpoints cover data-parallel plans "
+    return _not_covered(plan.name, what)
+
+
+def _not_covered(name: str, what: str) -> str:
+    return (f"--checkpoint-every: plan '{name}' uses {what}; checkpoints cover data-parallel plans "
             f"(hcomm or the DDP baseline) in this version")
+
+
+def refused_before_launch(args) -> Optional[str]:
+    """Why ``--checkpoint-every`` cannot run, as far as the arguments alone tell, or None.
+
+    The launcher asks before any rank starts (a refusal from the ranks costs a
+    whole launch: profiles, calibration, plan).  What needs the built plan (a
+    plan file's kind, the world size, the plan's YAML) is checked again by rank 0
+    in ``latest`` and ``unsupported``."""
+    if not getattr(args, "checkpoint_every", 0):
+        return None
+    from hcomm.train.plans import parse_entry
+
+    _, pins = parse_entry(args.plan)
+    zero, sync = int(pins.get("zero", args.zero or 0)), int(pins.get("sync_every", args.sync_every))
+    what = ("a pipeline" if int(pins.get("pp", args.pp)) > 1 else
+            "tensor parallelism" if int(pins.get("tp", args.tp)) > 1 else
+            f"ZeRO-{zero}" if zero else f"outer sync every {sync} steps" if sync > 1 else None)
+    if what:
+        return _not_covered(args.plan, what)
+    newest = _newest(args.checkpoint_dir)
+    if newest is None:
+        return None
+    path, saved = newest
+    differ = [k for k in SHAPING_ARGS if saved.get(k) != getattr(args, k, None)]
+    if differ:
+        return _another_run(args.checkpoint_dir, path, differ)
+    return None
+
+
+def _another_run(directory: str, path: str, differ: List[str]) -> str:
+    return (f"--checkpoint-dir {directory}: {path} is of another run (it differs in {', '.join(differ)}); "
+            f"give another --checkpoint-dir or remove it")
 
 
 def fingerprint(args, plan) -> dict:
@@ -164,8 +201,7 @@ def latest(directory: str, shape: dict, world: int) -> Optional[Tuple[int, str]]
                          f"this run has {world}")
     differ = [k for k in shape if saved.get(k) != shape[k]]
     if differ:
-        raise ValueError(f"--checkpoint-dir {directory}: {path} is of another run (it differs in "
-                         f"{', '.join(differ)}); give another --checkpoint-dir or remove it")
+        raise ValueError(_another_run(directory, path, differ))
     return saved["steps_done"], path
 
 

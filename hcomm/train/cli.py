@@ -155,6 +155,15 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.checkpoint_every and "," in args.plan:
         p.error(f"--checkpoint-every trains one plan and resumes it; --plan lists {len(args.plan.split(','))} "
                 f"({args.plan})")
+    if args.checkpoint_every and "," not in args.plan:
+        from hcomm.train.checkpoint import refused_before_launch
+
+        try:
+            why = refused_before_launch(args)
+        except ValueError:
+            why = None   # a malformed --plan is named by the entry check below
+        if why:
+            p.error(why)
     if args.max_restarts < 0:
         p.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.warmup_steps < 0 or args.warmup_steps >= args.steps:

@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -31,23 +32,44 @@ def test_schedule_parses_and_rejects():
         faults.parse_step("5s:unplug:n1")
 
 
-def _rehearse(tmp_path, monkeypatch, action, target, after):
+def _shown(text: str) -> str:
+    """A failed launch's story: node p0's own lines first (its agent hosts the rendezvous store, so a
+    failure there shows up on q0 as a lost store, whose long trace used to fill the whole report)."""
+    p0 = "\n".join(line for line in text.splitlines() if line.startswith("[p0"))
+    return f"p0's lines:\n{p0[-4000:]}\n\nthe last of everything:\n{text[-3000:]}"
+
+
+def _start_job(c, ready: str):
+    """(thread running the job, its output) once rank 0 wrote its ready file.  A job that died before
+    that is the emulator's launch failing, not the fault under test: tried again once, the first try's
+    story shown as a warning in the test report (a failed start happened about once in ten CI runs,
+    cause not yet known)."""
     import sys
 
-    from hcomm.emulate.cluster import Cluster
     from hcomm.emulate.launch import run_on
+
+    for attempt in range(2):
+        buf = io.StringIO()
+        th = threading.Thread(target=lambda out=buf: run_on(c, [sys.executable, JOB], out=out), daemon=True)
+        th.start()
+        deadline = time.monotonic() + 90
+        while not os.path.exists(ready) and th.is_alive():
+            assert time.monotonic() < deadline, _shown(buf.getvalue())
+            time.sleep(0.1)
+        if os.path.exists(ready):
+            return th, buf
+        assert attempt == 0, _shown(buf.getvalue())
+        warnings.warn(f"the fault job died before it was ready; starting it again. {_shown(buf.getvalue())}")
+    raise AssertionError("unreachable")
+
+
+def _rehearse(tmp_path, monkeypatch, action, target, after):
+    from hcomm.emulate.cluster import Cluster
 
     ready = str(tmp_path / "ready")
     monkeypatch.setenv("HCOMM_FAULT_READY", ready)
-    buf, res = io.StringIO(), {}
     with Cluster(SMALL) as c:
-        th = threading.Thread(target=lambda: res.setdefault(
-            "rc", run_on(c, [sys.executable, JOB], out=buf)), daemon=True)
-        th.start()
-        deadline = time.monotonic() + 90
-        while not os.path.exists(ready):
-            assert time.monotonic() < deadline and th.is_alive(), buf.getvalue()[-3000:]
-            time.sleep(0.1)
+        th, buf = _start_job(c, ready)
         f = c.faults()
         f.apply(action, target)
         t0 = time.monotonic()

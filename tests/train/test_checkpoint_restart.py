@@ -58,27 +58,45 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tm
     assert got[2] == want[2] == [2, 3, 2, 1]  # the uneven shares survived the restart
     # Only the newest complete checkpoint is kept; no half-written one is left.
     assert sorted(os.listdir(ckpt)) == ["step-4"]
+    # Another run (another lr) pointed at this folder is refused before any rank starts, not resumed.
+    other = _train(tmp_path, "--plan", str(plan), "--lr", "0.01", "--checkpoint-every", "2",
+                   "--checkpoint-dir", str(ckpt), timeout=60)
+    assert other.returncode == 2, other.stdout[-2000:] + other.stderr[-2000:]
+    assert (f"hcomm train: error: --checkpoint-dir {ckpt}: {ckpt}/step-4 is of another run (it differs in lr); "
+            "give another --checkpoint-dir or remove it") in other.stderr
+    assert "resumed" not in other.stdout + other.stderr and sorted(os.listdir(ckpt)) == ["step-4"]
 
 
 def test_checkpoint_errors_are_named_before_training(tmp_path):
+    """Refused by the launcher before any rank starts (exit 2, nothing trained)."""
     out = _train(tmp_path, "--plan", "auto,uniform", "--checkpoint-every", "2", timeout=60)
     assert out.returncode == 2
     assert "--checkpoint-every trains one plan and resumes it; --plan lists 2 (auto,uniform)" in out.stderr
-    out = _train(tmp_path, "--plan", "auto", "--zero", "1", "--checkpoint-every", "2",
-                 "--checkpoint-dir", str(tmp_path / "z"))
-    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
-    assert ("hcomm train: error: --checkpoint-every: plan 'auto' uses ZeRO-1; checkpoints cover data-parallel "
-            "plans (hcomm or the DDP baseline) in this version") in out.stdout + out.stderr
+    for extra, what in ((["--plan", "auto", "--zero", "1"], "ZeRO-1"),
+                        (["--plan", "auto@pp=2"], "a pipeline"),
+                        (["--plan", "uniform", "--tp", "2"], "tensor parallelism"),
+                        (["--plan", "auto@sync_every=4"], "outer sync every 4 steps")):
+        out = _train(tmp_path, *extra, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "z"),
+                     timeout=60)
+        assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+        assert (f"hcomm train: error: --checkpoint-every: plan '{extra[1]}' uses {what}; checkpoints cover "
+                "data-parallel plans (hcomm or the DDP baseline) in this version") in out.stderr
+        assert "hcomm train:" not in out.stdout   # no launch line: no rank was started
+    assert not (tmp_path / "z").exists()
 
 
-def test_a_checkpoint_of_another_run_is_refused_not_resumed(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    first = _train(tmp_path, "--plan", "uniform", "--steps", "3", "--checkpoint-every", "2",
-                   "--checkpoint-dir", str(ckpt))
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert sorted(os.listdir(ckpt)) == ["step-2"]
-    other = _train(tmp_path, "--plan", "uniform", "--steps", "3", "--lr", "0.01", "--checkpoint-every", "2",
-                   "--checkpoint-dir", str(ckpt))
-    assert other.returncode == 2
-    assert (f"hcomm train: error: --checkpoint-dir {ckpt}: {ckpt}/step-2 is of another run (it differs in lr); "
-            "give another --checkpoint-dir or remove it") in other.stdout + other.stderr
+def test_rank_zero_refuses_a_checkpoint_of_another_plan_or_world_size(tmp_path):
+    """What only the built plan tells (its YAML, the world size): rank 0's ``latest`` check, without a launch."""
+    from hcomm.train.checkpoint import MARKER, latest
+
+    step = tmp_path / "step-4"
+    step.mkdir()
+    (tmp_path / "step-2").mkdir()   # no marker: an unfinished save, never taken
+    (step / MARKER).write_text(json.dumps({"steps_done": 4, "world_size": 4, "plan": "name: a\n", "lr": 0.001}))
+    assert latest(str(tmp_path), {"plan": "name: a\n", "lr": 0.001}, 4) == (4, str(step))
+    with pytest.raises(ValueError, match=rf"--checkpoint-dir {tmp_path}: {step} is of another run \(it differs in "
+                                         r"plan\); give another --checkpoint-dir or remove it"):
+        latest(str(tmp_path), {"plan": "name: b\n", "lr": 0.001}, 4)
+    with pytest.raises(ValueError, match=rf"{step} was saved by 4 ranks, this run has 3"):
+        latest(str(tmp_path), {"plan": "name: a\n", "lr": 0.001}, 3)
+    assert latest(str(tmp_path / "none"), {}, 4) is None
