@@ -12,6 +12,10 @@ the losses (a re-split moves rows, not the global batch, so both runs' losses ag
 pipeline re-cuts its layers and moves their state, ``pipeline.restage``) and not; writes
 ``train-straggler-pp<N>-<date>.md``.
 
+``--zero N`` / ``--tp T``: the same with auto ZeRO-N or auto TP groups of T (watched by default, like
+data parallelism: only rows move -- a ZeRO rank runs fewer rounds, a TP group's rows move as one);
+writes ``train-straggler-zero<N>-<date>.md`` / ``train-straggler-tp<T>-<date>.md``.
+
 Writes ``benchmarks/results/train-straggler-<date>.md`` (+ JSON and plot).  Needs root (emulator).
 """
 from __future__ import annotations
@@ -66,14 +70,19 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages per replica (1: data parallelism)")
-    pp = parser.parse_args().pp
+    parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage of the auto plan")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel group size of the auto plan")
+    args = parser.parse_args()
+    pp = args.pp
     plans = PLANS if pp == 1 else PIPELINE_PLANS
+    kind = (f"-pp{pp}" if pp > 1 else "") + (f"-zero{args.zero}" if args.zero else "") + \
+        (f"-tp{args.tp}" if args.tp > 1 else "")
 
     date = datetime.date.today().isoformat()
-    stem = os.path.join(RESULTS, f"train-straggler{'' if pp == 1 else f'-pp{pp}'}-{date}")
+    stem = os.path.join(RESULTS, f"train-straggler{kind}-{date}")
     argv = [sys.executable, "-m", "hcomm.train.worker", "--cluster", "mixed", "--model", "small", "--seq-len", "64",
             "--global-batch", "24", "--steps", str(STEPS), "--plan", plans, "--json", stem + ".json",
-            "--plot", stem + ".png", "--pp", str(pp)]
+            "--plot", stem + ".png", "--pp", str(pp), "--zero", str(args.zero), "--tp", str(args.tp)]
     log: list = []
     with Cluster("mixed") as cluster:
         trigger = Trigger(cluster, log)
@@ -97,7 +106,8 @@ def write(doc, events, stem: str, date: str, log, plans: str) -> None:
              f"Machine: {platform.machine()}, {os.cpu_count()} cores; Python {platform.python_version()}, torch "
              f"{doc['environment']['torch']}.  Produced by `benchmarks/train/bench_straggler.py` on the emulated "
              f"`mixed` cluster (A100 x2 @1.0, V100 x2 @0.5), model small ({doc['model']['parameters'] / 1e6:.1f}M), "
-             f"{STEPS} steps x 24 x 64 tokens; plans `{plans}` (`--pp {doc['args'].get('pp', 1)}`) in one run.  At step {SLOW_AT} of each plan rank "
+             f"{STEPS} steps x 24 x 64 tokens; plans `{plans}` (`--pp {doc['args'].get('pp', 1)} --zero "
+             f"{doc['args'].get('zero', 0)} --tp {doc['args'].get('tp', 1)}`) in one run.  At step {SLOW_AT} of each plan rank "
              f"{SLOW_RANK}'s CPU quota drops to {SLOW_SPEED} of an A100's.  JSON and plot: "
              f"`{os.path.basename(stem)}.json/.png`.", "",
              "| plan | ms/step before (steps 4-11) | ms/step after (steps 17-40) | slowdown | re-splits (after step: counts) "

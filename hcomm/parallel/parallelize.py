@@ -102,6 +102,7 @@ class ParallelModel:
             units = done.pop("units")
             for key, value in done.items():
                 setattr(times, key, value)
+            times.busy_s = times.compute_s   # rounds less the waits for collectives: what the watch reads
             times.zero = {key: sum(u[key] for u in units) for key in ("gather_bytes", "reduce_bytes",
                                                                        "exposed_s", "overlapped_s")}
             times.zero["units"] = units
@@ -207,13 +208,18 @@ class ParallelModel:
         return self.zero.parameters() if self.zero is not None else list(self.model.parameters())
 
     def resplit(self, counts: List[int]) -> None:
-        """New sample counts for every rank (same global batch); the gradient weights follow exactly."""
-        if self.outer is not None or self.ddp is not None or self.zero is not None or self.pipe is not None:
-            raise ValueError("re-splitting the batch needs plain hcomm data parallelism (no outer sync, no DDP)")
-        total = sum(counts)
-        self.samples = counts[self.rank]
-        self.offset = sum(counts[: self.rank])
-        self.sync.weight = self.samples / total
+        """New sample counts for every rank (same global batch; as in the plan, a TP group's rows are its
+        first rank's); the gradient weights follow exactly.  hcomm's data parallelism, plain, ZeRO or across
+        TP groups: only rows move.  A pipeline is cut again instead (``train.drift.recut_pipeline``)."""
+        if self.outer is not None or self.ddp is not None or self.pipe is not None:
+            raise ValueError("re-splitting the batch needs hcomm's data parallelism (plain, ZeRO or across TP "
+                             "groups): not outer sync, a torch baseline or a pipeline")
+        owner = self.plan.rows_leader(self.rank)
+        self.samples, self.offset = counts[owner], sum(counts[:owner])
+        if self.zero is not None:   # every rank's loss is already over the global token count
+            self.zero.resplit(counts)
+        else:
+            self.sync.weight = self.samples / sum(counts)
 
     def finish(self) -> float:
         """After the last step: the outer sync brings every rank to the same parameters; seconds."""

@@ -53,8 +53,8 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--straggler-margin", type=float, default=None,
                    help="auto: re-plan whenever a rank's seconds per sample drift more than this fraction from "
                         "what it showed after the last (re)plan, 3 steps in a row (0 = never): data parallelism "
-                        "re-splits the batch (default 0.3), a pipeline re-cuts its layers and moves their state "
-                        "(default off: set it where speeds drift)")
+                        "(plain, ZeRO, across TP groups) re-splits the batch (default 0.3), a pipeline re-cuts "
+                        "its layers and moves their state (default off: set it where speeds drift)")
     p.add_argument("--compress", default="none", help="inter-island wire format: none, bf16, fp16, fp8e4m3[:ef], ...")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                    help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded (uniform: torch's "

@@ -1,6 +1,8 @@
 """What the training loop does when a rank's speed drifts (``parallel.straggler`` decides when).
 
-- Plain data parallelism re-splits the batch by the seconds per sample just measured: only rows move.
+- Data parallelism -- plain, ZeRO (shards stay, each rank runs more or fewer rounds of its micro-batch)
+  or across TP groups (a group's rows move as one) -- re-splits the batch by the seconds per sample just
+  measured: only rows move.
 - A pipeline is cut again by the planner on the drifted speeds (``planner.replan``) and its state --
   parameters and AdamW's moments of the pieces that change hands -- moves there in memory
   (``pipeline.restage``), at the step boundary: nothing is lost, the next step trains on the new cuts.
@@ -41,11 +43,24 @@ def _said(drift: List[float], drifted: List[int]) -> str:
 
 def resplit_rows(pm, per_sample: List[float], old: List[int], drift: List[float], drifted: List[int],
                  after: int, plan, rank: int) -> dict:
-    """Data parallelism: re-split by the seconds per sample just measured (ranks that ran no samples
-    stay out)."""
+    """Data parallelism (plain, ZeRO, or across TP groups): re-split by the seconds per sample just
+    measured (ranks that ran no samples stay out).  ``old``: every rank's rows this step.
+
+    The unit that holds rows is a rank, or a TP group (its ranks compute its rows together and wait for
+    each other inside every layer, so the group runs at its slowest member's seconds per sample); the plan's
+    convention puts a group's rows on its first rank, the others hold 0."""
     from hcomm.parallel.planner.data import rebalanced_counts
 
-    new = rebalanced_counts([s if not math.isnan(s) else 1.0 for s in per_sample], plan.global_batch, old)
+    leaders = plan.rows_leaders()
+    units = sorted(set(leaders))
+    slowest = {u: max((s for r, s in enumerate(per_sample) if leaders[r] == u and not math.isnan(s)),
+                      default=math.nan) for u in units}
+    unit_new = rebalanced_counts([slowest[u] if not math.isnan(slowest[u]) else 1.0 for u in units],
+                                 plan.global_batch, [old[u] for u in units])
+    new = [0] * len(old)
+    for u, n in zip(units, unit_new):
+        new[u] = n
+    old = [old[r] if leaders[r] == r else 0 for r in range(len(old))]   # the plan's convention too
     if new != old:
         pm.resplit(new)
     if rank == 0:

@@ -119,7 +119,7 @@ def _pinned(args, pins: Dict[str, str], world: int, base: str) -> dict:
                 sync_every=int(pins.get("sync_every", args.sync_every)),
                 compression=pins.get("compress", args.compress),
                 outer_overlap=pins.get("overlap", "1" if args.outer_overlap else "0") in ("1", "true", "yes"),
-                rebalance_after=0 if _zero_stage(args, pins) else int(pins.get("resplit", args.resplit_after)),
+                rebalance_after=int(pins.get("resplit", args.resplit_after)),
                 zero_stage=_zero_stage(args, pins))
 
 
@@ -211,8 +211,8 @@ def _data_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
     else:
         plan = Plan.load(base)
         plan.name = plan.name or os.path.basename(base)
-    if (base == "auto" and plan.dp_group().sync_every == 1 and not _zero_stage(args, pins)
-            and args.dp_shares is None and "shares" not in pins):   # plain DP, shares not pinned: follow drift
+    if (base == "auto" and plan.dp_group().sync_every == 1 and args.dp_shares is None
+            and "shares" not in pins):   # plain DP or ZeRO, shares not pinned: follow drift (only rows move)
         plan.dp_group().straggler_margin = _straggler_margin(args, pins, DP_STRAGGLER_MARGIN)
     if base in ("auto", "equal", "uniform") and _zero_stage(args, pins):
         apply_zero(plan, view, _zero_stage(args, pins), base, layout=getattr(args, "zero_layout", "auto"),
@@ -295,6 +295,8 @@ def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
                        sequence_parallel=pins.get("sp", "1" if getattr(args, "sequence_parallel", False) else "0")
                        in ("1", "true", "yes"))
     _note_shards(plan, view, config)
+    if base == "auto":   # the groups' rows follow drift (only rows move)
+        plan.dp_group().straggler_margin = _straggler_margin(args, pins, DP_STRAGGLER_MARGIN)
     return plan
 
 
@@ -330,6 +332,8 @@ def pipeline_tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]
                                 micro_batches=int(micro) if micro else None, name=entry,
                                 bucket_bytes=_bucket_bytes(args, pins), compression=pins.get("compress", args.compress))
     _note_shards(plan, view, config)
+    if base == "auto":   # the groups' rows follow drift (only rows move)
+        plan.dp_group().straggler_margin = _straggler_margin(args, pins, DP_STRAGGLER_MARGIN)
     return plan
 
 

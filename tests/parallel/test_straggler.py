@@ -39,14 +39,17 @@ def test_bad_settings_are_named():
     plan = Plan.from_shares([0.5, 0.5], 4, 16)
     plan.dp_group().straggler_margin = 0.3
     plan.backend = "ddp-gloo"
-    with pytest.raises(PlanError, match=r"groups \['dp'\]: straggler_margin re-splits the batch of plain hcomm "
-                                        r"data parallelism or re-cuts a pipeline's layers, not with backend "
-                                        r"ddp-gloo"):
+    with pytest.raises(PlanError, match=r"groups \['dp'\]: straggler_margin re-splits the rows of hcomm's data "
+                                        r"parallelism \(plain, ZeRO, TP groups\) or re-cuts a pipeline's layers, "
+                                        r"not with backend ddp-gloo"):
         plan.validate()
     plan.backend = "hcomm"
-    plan.ranks[0].zero_stage = plan.ranks[1].zero_stage = 1
-    with pytest.raises(PlanError, match="not with ZeRO"):
+    plan.dp_group().sync_every = 4
+    with pytest.raises(PlanError, match="re-splitting the batch is not supported with sync_every 4"):
         plan.validate()
+    plan.dp_group().sync_every = 1
+    plan.ranks[0].zero_stage = plan.ranks[1].zero_stage = 1
+    plan.validate()   # ZeRO: rows move, shards stay
     plan.ranks[0].zero_stage = plan.ranks[1].zero_stage = 0
     plan.dp_group().straggler_patience = 0
     with pytest.raises(PlanError, match=r"groups\[0\].straggler_patience: must be >= 1, got 0"):
@@ -87,3 +90,28 @@ def test_trainer_resplits_when_a_rank_turns_slow_and_keeps_the_losses(pool3):
     for _, _, _, params in results[1:]:                     # and ends with the same parameters, bit for bit
         for a, b in zip(results[0][3], params):
             assert (a == b).all()
+
+
+def test_hcomm_train_resplits_zero_and_tp_rows_when_a_rank_turns_slow(tmp_path):
+    """ZeRO-2 and TP groups of 2 on 4 local ranks, rank 1 slowed from step 4 (HCOMM_TRAIN_SLOW): the watch
+    moves rows away from rank 1 (ZeRO: its rounds; TP: its group's rows as one), shards and TP splits stay,
+    and every step's loss and the eval loss are torch DDP's on the same global batches (fp32; the reductions
+    sum in another order: 1e-4, as the other end-to-end equivalence tests)."""
+    from tests.parallel.train_runs import assert_reference_losses, train_local
+
+    plans = ["auto@zero=2@straggler=2", "auto@tp=2@straggler=2", "uniform"]
+    runs, out = train_local(tmp_path, plans, 10, "--resplit-after", "0", env={"HCOMM_TRAIN_SLOW": "1:4:0.05"})
+    zero, tp = runs[plans[0]], runs[plans[1]]
+    for run in (zero, tp):
+        assert len(run["replans"]) == 1, out[-3000:]
+        assert run["replans"][0]["after_steps"] == 7 and 1 in run["replans"][0]["drifted"], run["replans"]
+    moved = zero["replans"][0]
+    assert moved["to"][1] < moved["from"][1] and sum(moved["to"]) == sum(moved["from"]) == 8, moved
+    assert zero["counts"] == moved["to"]
+    groups = [g["ranks"] for g in tp["plan"]["groups"] if g["name"].startswith("tp:")]
+    slow = next(g for g in groups if 1 in g)
+    moved = tp["replans"][0]
+    assert moved["to"][slow[0]] < moved["from"][slow[0]] and sum(moved["to"]) == 8, (moved, groups)
+    assert all(moved["to"][r] == 0 for g in groups for r in g[1:]), (moved, groups)   # rows on the first rank
+    assert "re-split after step 7" in out
+    assert_reference_losses(runs, "uniform", 10, lambda name: 1e-4)

@@ -76,13 +76,12 @@ def members_and_fractions(plan, islands: List[List[int]], rank: int):
     return members, fractions
 
 
-def rounds_per_step(plan) -> int:
+def rounds_per_step(counts: List[int], micro_batches: List[int]) -> int:
     """Micro-batches of the rank that runs the most: every rank runs this many rounds."""
-    counts = plan.batch_counts()
     best = 0
-    for r, n in zip(plan.ranks, counts):
+    for n, micro in zip(counts, micro_batches):
         if n:
-            best = max(best, math.ceil(n / (r.micro_batch or n)))
+            best = max(best, math.ceil(n / (micro or n)))
     return max(best, 1)
 
 
@@ -94,9 +93,11 @@ class ZeroRunner:
         units = build_units(model, fractions, members.index(rank))
         gather_group, reduce_group, replicate_group = _zero_groups(plan, groups.islands, members, rank)
         self.model = model
+        self.micro_batches = [r.micro_batch for r in plan.ranks]
         self.engine = ZeroEngine(units, stage=stage, gather_group=gather_group, reduce_group=reduce_group,
                                  replicate_group=replicate_group, prefetch=dp.prefetch,
-                                 reshard_after_forward=dp.reshard_after_forward, rounds=rounds_per_step(plan))
+                                 reshard_after_forward=dp.reshard_after_forward,
+                                 rounds=rounds_per_step(plan.batch_counts(), self.micro_batches))
         # Gradients only: the island layout's cross-island all-reduce of shards, or the flat layout's
         # reduce-scatters (whose weak tier crosses islands); parameters are always gathered exactly.
         import hcomm
@@ -107,6 +108,12 @@ class ZeroRunner:
 
     def parameters(self):
         return self.engine.parameters()
+
+    def resplit(self, counts: List[int]) -> None:
+        """New rows per rank (the straggler watch's re-split): only how many rounds every rank runs changes.
+        Shards, micro-batches (the plan's memory) and the loss scale (the global token count) stay; a rank
+        with fewer rows than rounds runs ghost rounds, which keep the collectives in step."""
+        self.engine.rounds = rounds_per_step(counts, self.micro_batches)
 
     def step(self, rows: torch.Tensor, micro_batch: int, optimizer) -> dict:
         """Forward/backward rounds, reductions, the optimizer on the shards, the post-step gathers."""
