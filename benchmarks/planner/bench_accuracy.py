@@ -9,6 +9,14 @@ theirs from ``simulate`` directly.  Measured: the median step after warm-up (and
 re-split).  The issue's bars: every prediction within 15 %, the chosen plan within 10 % of the best
 measured.
 
+``--repeat N``: on a shared box the same plan's error moved by 13-33 points between two runs a day
+apart (``planner-accuracy-spread-uneven-2026-12-06.md``), more than the bar.  With N > 1 each preset's
+plans train N times, all of them in one ``hcomm train`` launch per repeat (one profile and link
+calibration per launch, shared by its plans, as in the main job), in an order rotated each repeat so a
+box that slows down during a launch does not always hit the same plans; a launch that fails falls back
+to one launch per plan.  A plan's row is then the median of its N (prediction, measurement) pairs, its
+error the median of the N errors, and the spread of the errors is shown beside it.
+
 Writes ``benchmarks/results/planner-accuracy-<date>.md`` (+ one JSON of rows per preset and a scatter plot).
 Needs root (emulator).
 """
@@ -19,6 +27,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -37,34 +46,70 @@ PRESETS = {
 }
 
 
-def run_plan(preset: str, plan: str, date: str) -> dict:
-    """One ``hcomm train`` of one plan (a plan that fails -- say the emulator's OOM killer stops a rank
-    the planner thought had room -- is recorded, not fatal: that is a finding too)."""
+def run_plans(preset: str, plans: list) -> list:
+    """One ``hcomm train`` of ``plans``, a row each (a launch that fails -- say the emulator's OOM killer
+    stops a rank the planner thought had room -- is recorded, not fatal: that is a finding too)."""
     batch = PRESETS[preset][0]
     path = os.path.join(RESULTS, f".accuracy-{preset}-run.json")
-    cmd = [sys.executable, "-m", "hcomm", "train", "--cluster", preset, "--plan", plan, "--global-batch", batch,
-           *COMMON, "--json", path]
+    cmd = [sys.executable, "-m", "hcomm", "train", "--cluster", preset, "--plan", ",".join(plans),
+           "--global-batch", batch, *COMMON, "--json", path]
     print(f"== {preset}: {' '.join(cmd[3:])}", flush=True)
     out = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True)
     if out.returncode != 0:
         why = [line.split("] ", 1)[-1] for line in (out.stdout + out.stderr).splitlines()
                if "hcomm emulate:" in line or "error:" in line][-1:] or [f"exit code {out.returncode}"]
         print(f"   failed: {why[0]}", flush=True)
-        return dict(plan=plan, failed=why[0][:200])
+        return [dict(plan=plan, failed=why[0][:200]) for plan in plans]
     with open(path) as f:
-        r = json.load(f)["runs"][0]
+        runs = json.load(f)["runs"]
     os.remove(path)
-    row = dict(plan=plan, predicted=r["predicted_step_s"], measured=r["measured_step_s"])
-    trial = [n for n in r["plan"].get("notes", []) if n.startswith("trial (")]
-    if trial:
-        row["trial"] = trial[0]
-    print(f"   predicted {row['predicted'] * 1e3:.0f} ms, measured {row['measured'] * 1e3:.0f} ms", flush=True)
+    rows = []
+    for plan, r in zip(plans, runs):
+        row = dict(plan=plan, predicted=r["predicted_step_s"], measured=r["measured_step_s"])
+        trial = [n for n in r["plan"].get("notes", []) if n.startswith("trial (")]
+        if trial:
+            row["trial"] = trial[0]
+        print(f"   {plan}: predicted {row['predicted'] * 1e3:.0f} ms, measured {row['measured'] * 1e3:.0f} ms",
+              flush=True)
+        rows.append(row)
+    return rows
+
+
+def measure_preset(preset: str, repeat: int) -> list:
+    """Every plan of ``preset``: one launch per plan (``repeat`` 1, as the earlier records), or ``repeat``
+    launches of all of them in rotated orders, each row the median of its pairs."""
+    plans = PRESETS[preset][1].split(",")
+    if repeat == 1:
+        return [run_plans(preset, [plan])[0] for plan in plans]
+    seen = {plan: [] for plan in plans}
+    for k in range(repeat):
+        order = plans[k * len(plans) // repeat:] + plans[:k * len(plans) // repeat]
+        rows = run_plans(preset, order)
+        if all("failed" in r for r in rows):   # one plan's failure stops the launch: the others alone
+            rows = [run_plans(preset, [plan])[0] for plan in order]
+        for row in rows:
+            seen[row["plan"]].append(row)
+    return [_median_row(plan, seen[plan]) for plan in plans]
+
+
+def _median_row(plan: str, rows: list) -> dict:
+    good = [r for r in rows if "failed" not in r]
+    if not good:
+        return rows[0]
+    errors = [r["predicted"] / r["measured"] - 1.0 for r in good]
+    row = dict(plan=plan, predicted=statistics.median(r["predicted"] for r in good),
+               measured=statistics.median(r["measured"] for r in good), error=statistics.median(errors),
+               errors=errors, failed_runs=len(rows) - len(good))
+    trials = [r["trial"] for r in good if r.get("trial")]
+    if trials:
+        row["trial"] = trials[0]
     return row
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", choices=sorted(PRESETS))
+    p.add_argument("--repeat", type=int, default=1, help="launches per preset, every plan in each (median)")
     p.add_argument("--tag", default="", help="name the records planner-accuracy-TAG-... (a variant of the "
                                               "simulator measured beside an earlier record of the same day)")
     args = p.parse_args()
@@ -77,15 +122,15 @@ def main() -> int:
                 with open(path) as f:
                     table[preset] = json.load(f)
             continue
-        table[preset] = [run_plan(preset, plan, date) for plan in PRESETS[preset][1].split(",")]
+        table[preset] = measure_preset(preset, args.repeat)
         with open(path, "w") as f:
             json.dump(table[preset], f, indent=1)
-        write(table, date)
-    write(table, date)   # again with the presets kept from earlier runs that come after the last measured
+        write(table, date, args.repeat)
+    write(table, date, args.repeat)   # again with the presets kept from earlier runs that come after the last measured
     return 0
 
 
-def write(table, date: str) -> None:
+def write(table, date: str, repeat: int = 1) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,8 +139,11 @@ def write(table, date: str) -> None:
 
     lines = [f"# Simulator accuracy: predicted vs measured step time, {date}", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores; Python {platform.python_version()}, torch "
-             f"{torch.__version__}.  Produced by `benchmarks/planner/bench_accuracy.py`: per emulator preset one "
-             f"`hcomm train` run per plan ({' '.join(COMMON)}), model small; measured = median step after "
+             f"{torch.__version__}.  Produced by `benchmarks/planner/bench_accuracy.py`: per emulator preset "
+             + ("one `hcomm train` run per plan" if repeat == 1 else
+                f"{repeat} `hcomm train` launches of every plan (orders rotated; a row is the median of its "
+                f"{repeat} runs, its error the median of their errors)")
+             + f" ({' '.join(COMMON)}), model small; measured = median step after "
              f"warm-up.  Bars (issue #16): every prediction within 15 %; the chosen plan (`search`) within 10 % of "
              f"the best measured.", ""]
     within, total = 0, 0
@@ -104,14 +152,16 @@ def write(table, date: str) -> None:
         rs = [r for r in every if "failed" not in r]
         best = min(rs, key=lambda r: r["measured"])
         chosen = next((r for r in rs if r["plan"] == "search"), None)
-        lines += [f"## {preset}", "", "| plan | predicted ms | measured ms | error | measured / best |",
-                  "|---|---|---|---|---|"]
+        spread = any("errors" in r for r in rs)
+        lines += [f"## {preset}", "", "| plan | predicted ms | measured ms | error | measured / best |"
+                  + (" errors of the runs |" if spread else ""), "|---|---|---|---|---|" + ("---|" if spread else "")]
         for r in sorted(rs, key=lambda r: r["measured"]):
-            err = r["predicted"] / r["measured"] - 1.0
+            err = r.get("error", r["predicted"] / r["measured"] - 1.0)
             within += abs(err) <= 0.15
             total += 1
             lines.append(f"| {'**' + r['plan'] + '**' if r is chosen else r['plan']} | {r['predicted'] * 1e3:.0f} | "
-                         f"{r['measured'] * 1e3:.0f} | {err:+.0%} | {r['measured'] / best['measured']:.2f}x |")
+                         f"{r['measured'] * 1e3:.0f} | {err:+.0%} | {r['measured'] / best['measured']:.2f}x |"
+                         + (f" {' / '.join(f'{e:+.0%}' for e in r.get('errors', []))} |" if spread else ""))
         ax.scatter([r["measured"] for r in rs], [r["predicted"] for r in rs], label=preset)
         if chosen:
             lines += ["", f"- search chose a plan measured at **{chosen['measured'] / best['measured']:.2f}x** the best "
