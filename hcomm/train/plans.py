@@ -332,8 +332,6 @@ def pipeline_tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]
                                 micro_batches=int(micro) if micro else None, name=entry,
                                 bucket_bytes=_bucket_bytes(args, pins), compression=pins.get("compress", args.compress))
     _note_shards(plan, view, config)
-    if base == "auto":   # the groups' rows follow drift (only rows move)
-        plan.dp_group().straggler_margin = _straggler_margin(args, pins, DP_STRAGGLER_MARGIN)
     return plan
 
 
