@@ -104,7 +104,7 @@ def test_restage_refuses_what_it_cannot_move():
     watched.groups += [GroupPlan(f"tp:{r}", [r]) for r in range(3)]   # TP groups of one: still TP
     for r in watched.ranks:
         r.tp_group = r.rank
-    with pytest.raises(PlanError, match="re-cuts a pipeline's layers, not with tensor parallelism"):
+    with pytest.raises(PlanError, match="re-cuts a pipeline's layers, not with a pipeline of TP groups"):
         watched.validate(3)
 
 

@@ -11,6 +11,7 @@ bf16/fp16 stages half bf16's unit roundoff (tests/parallel/test_precision.py der
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -120,7 +121,16 @@ def test_group_profile_by_hand():
     assert p.layers[1].bwd_s == pytest.approx(0.2 / 3 * 2 / 3 + 2 * full)
     assert p.layers[0].fwd_s == pytest.approx(0.02 / 3 * 2 / 3 + full)       # embedding: one sum forward
     assert p.layers[-1].bwd_s == pytest.approx(0.1 / 3 * 2 / 3 + full)       # head: one sum backward
+    loss = 1e-3 + 16 * 4 / 1e9      # the loss's three per-token sums forward (max, exponentials, target)
+    assert p.layers[-1].fwd_s == pytest.approx(0.05 / 3 * 2 / 3 + 3 * loss)
     assert p.layers[-2].fwd_s == pytest.approx(0.01 / 3 * 2 / 3)             # norm: none
+    # a fixed part (launches) is run whole by every member: only the rest shrinks with the fraction
+    for r in (0, 1):
+        v.profiles[r].layers[1] = dataclasses.replace(v.profiles[r].layers[1], fwd_fixed_s=0.01 * (1 + r))
+    fixed = group_profile(v, [0, 1], [2 / 3, 1 / 3], 0, seq_len=16, dim=32)
+    # rank 0: 0.01 + (0.1/3 - 0.01) x 2/3; rank 1 (half speed): 0.02 + (0.2/3 - 0.02) x 1/3 -- slower
+    assert fixed.layers[1].fwd_s == pytest.approx(0.02 + (0.2 / 3 - 0.02) / 3 + 2 * full)
+    assert fixed.layers[1].fwd_fixed_s == pytest.approx(0.02 + 2 * (1e-3 + 1024 / 1e9))
     # memory: the tightest member's budget over its fraction; activations scaled so the member with the
     # smallest fraction (1/3) fits its own: 10/34 replicated + 24/34 x 1/3, checked as 1/3 of the group's
     assert p.memory_budget_bytes == int((8 << 30) / (2 / 3))

@@ -9,6 +9,8 @@ No processes.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hcomm.parallel import simulate
@@ -99,13 +101,25 @@ def test_gpipe_two_stages_one_micro_batch_by_hand(slowdown):
 def test_tensor_pair_by_hand():
     """One TP group of 2 at speeds 1 and 0.5 with fractions 2/3 and 1/3 on 3 rows: each member computes
     2/3 x 3 x 0.72 s; 2 all-reduces forward and 2 backward per block, 1 for the embedding and 1 for the
-    head, each of 3 x 16 x 32 x 4 bytes; no gradient sync (one group); the optimizer on 2/3."""
+    head, each of 3 x 16 x 32 x 4 bytes, and the loss's 3 per-token sums of 3 x 16 x 4 bytes; no gradient
+    sync (one group); the optimizer on 2/3.  With fixed parts measured, each member runs them whole and
+    only the rest shrinks with its fraction."""
     v = view([1.0, 0.5])
     ranks = [RankPlan(0, 1.0, tp_group=0, tp_fraction=2 / 3), RankPlan(1, 0.0, tp_group=0, tp_fraction=1 / 3)]
     plan = Plan(3, SEQ, ranks, [GroupPlan("dp", [0, 1]), GroupPlan("tp:0", [0, 1])]).validate()
     sim = simulate(plan, v, dim=DIM)
-    assert sim.step_s == pytest.approx(2 / 3 * 3 * 0.72 + (4 * 2 + 2) * allreduce(3 * SEQ * DIM * 4) + 0.01 * 2 / 3)
+    comm = (4 * 2 + 2) * allreduce(3 * SEQ * DIM * 4) + 3 * allreduce(3 * SEQ * 4)
+    assert sim.step_s == pytest.approx(2 / 3 * 3 * 0.72 + comm + 0.01 * 2 / 3)
     assert sim.memory_bytes == [int(20 * MiB * 2 / 3) + 15 * MiB, int(20 * MiB / 3) + 15 * MiB]
+    # 0.06 s of each rank's whole-model seconds at its micro-batch fixed (rank 1's 0.12 s at half speed):
+    # rank 0 runs 0.06 + (0.72 - 0.06) x 3 x 2/3, rank 1 0.12 + (1.44 - 0.12) x 3 x 1/3 -- rank 1 is slower
+    for r, fixed in ((0, 0.06), (1, 0.12)):
+        layers = v.profiles[r].layers
+        per_piece = fixed / len(layers) / 3   # a third forward, two thirds backward
+        v.profiles[r].layers = [dataclasses.replace(c, fwd_fixed_s=per_piece, bwd_fixed_s=2 * per_piece)
+                                for c in layers]
+    sim = simulate(plan, v, dim=DIM)
+    assert sim.step_s == pytest.approx(0.12 + (1.44 - 0.12) * 3 / 3 + comm + 0.01 * 2 / 3)
 
 
 def test_side_by_side_syncs_share_the_uplink_by_hand():

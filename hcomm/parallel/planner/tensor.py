@@ -23,6 +23,10 @@ from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
 from hcomm.parallel.planner.cost import group_allreduce_s, side_by_side_allreduce_s
 from hcomm.parallel.planner.pipeline import model_seconds, rank_speed
 
+# The vocabulary-parallel cross entropy sums three per-token fp32 vectors forward: the max, the sum of
+# exponentials and the target logit (``tensor/vocab.py``).
+LOSS_ALLREDUCES = 3
+
 SPLITS = ("auto", "uniform")
 
 
@@ -68,7 +72,9 @@ def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_l
         fr = speed_fractions(view, groups)
     else:
         fr = even_fractions(tp)
-    per_row = [_group_seconds(view, g, fr, 1, seq_len, dim, n_layers)[0] for g in groups]
+    # seconds per row at an even share of the batch (at one row a group's fixed costs would count as per-row)
+    even = max(1, round(global_batch / len(groups)))
+    per_row = [_group_seconds(view, g, fr, even, seq_len, dim, n_layers)[0] for g in groups]
     weights = [1.0 / s for s in per_row] if split == "auto" else [1.0] * len(groups)
     rows = apportion(weights, global_batch)
     capped = memory_capped(view, groups, fr, rows)
@@ -154,9 +160,20 @@ def memory_capped(view, groups: List[List[int]], fractions: Sequence[float], row
 
 def _group_seconds(view, group: Sequence[int], fractions: Sequence[float], rows: int, seq_len: int, dim: int,
                    n_layers: int) -> Tuple[float, float, float]:
-    """(seconds per row of the slowest member, compute seconds, TP all-reduce seconds) of one group."""
-    compute = [model_seconds(view.profiles[r]) * rows / view.profiles[r].micro_batch * f
-               for r, f in zip(group, fractions)]
-    nbytes = rows * seq_len * dim * 4
-    comm = (4 * n_layers + 2) * group_allreduce_s(view, group, nbytes) if len(group) > 1 and rows else 0.0
+    """(seconds per row of the slowest member, compute seconds, TP all-reduce seconds) of one group.
+
+    A member computes the group's rows in one micro-batch: its fixed part whole (every member runs every
+    piece, however thin its shard; 0 where not measured) plus its fraction of the per-row part.  The
+    all-reduces: two per block forward and two backward, the embedding's forward, the head's input
+    gradient (rows x seq x dim fp32 each), and the loss's three per-token sums (rows x seq fp32)."""
+    compute = [_member_seconds(view.profiles[r], rows, f) for r, f in zip(group, fractions)]
+    comm = ((4 * n_layers + 2) * group_allreduce_s(view, group, rows * seq_len * dim * 4)
+            + LOSS_ALLREDUCES * group_allreduce_s(view, group, rows * seq_len * 4)) if len(group) > 1 and rows else 0.0
     return (max(compute) + comm) / max(rows, 1), max(compute), comm
+
+
+def _member_seconds(profile, rows: int, fraction: float) -> float:
+    if not rows:
+        return 0.0
+    fixed = sum(c.fwd_fixed_s + c.bwd_fixed_s for c in profile.layers)
+    return fixed + (model_seconds(profile) - fixed) * rows / profile.micro_batch * fraction
