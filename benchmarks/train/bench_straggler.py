@@ -107,8 +107,8 @@ def write(doc, events, stem: str, date: str, log, plans: str) -> None:
              f"{doc['environment']['torch']}.  Produced by `benchmarks/train/bench_straggler.py` on the emulated "
              f"`mixed` cluster (A100 x2 @1.0, V100 x2 @0.5), model small ({doc['model']['parameters'] / 1e6:.1f}M), "
              f"{STEPS} steps x 24 x 64 tokens; plans `{plans}` (`--pp {doc['args'].get('pp', 1)} --zero "
-             f"{doc['args'].get('zero', 0)} --tp {doc['args'].get('tp', 1)}`) in one run.  At step {SLOW_AT} of each plan rank "
-             f"{SLOW_RANK}'s CPU quota drops to {SLOW_SPEED} of an A100's.  JSON and plot: "
+             f"{doc['args'].get('zero', 0)} --tp {doc['args'].get('tp', 1)}`) in one run.  At step {SLOW_AT} of each "
+             f"plan rank {SLOW_RANK}'s CPU quota drops to {SLOW_SPEED} of an A100's.  JSON and plot: "
              f"`{os.path.basename(stem)}.json/.png`.", "",
              "| plan | ms/step before (steps 4-11) | ms/step after (steps 17-40) | slowdown | re-splits (after step: counts) "
              "| loss, last quarter |", "|---|---|---|---|---|---|"]
