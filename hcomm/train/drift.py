@@ -52,15 +52,17 @@ def resplit_rows(pm, per_sample: List[float], old: List[int], drift: List[float]
     from hcomm.parallel.planner.data import rebalanced_counts
 
     leaders = plan.rows_leaders()
-    units = sorted(set(leaders))
-    slowest = {u: max((s for r, s in enumerate(per_sample) if leaders[r] == u and not math.isnan(s)),
-                      default=math.nan) for u in units}
-    unit_new = rebalanced_counts([slowest[u] if not math.isnan(slowest[u]) else 1.0 for u in units],
+    slowest = {u: math.nan for u in leaders}   # one pass: a unit's slowest measured member
+    for u, s in zip(leaders, per_sample):
+        if not math.isnan(s) and not s <= slowest[u]:
+            slowest[u] = s
+    units = sorted(slowest)
+    unit_new = rebalanced_counts([1.0 if math.isnan(slowest[u]) else slowest[u] for u in units],
                                  plan.global_batch, [old[u] for u in units])
     new = [0] * len(old)
     for u, n in zip(units, unit_new):
         new[u] = n
-    old = [old[r] if leaders[r] == r else 0 for r in range(len(old))]   # the plan's convention too
+    old = [n if leaders[r] == r else 0 for r, n in enumerate(old)]   # the plan's convention too
     if new != old:
         pm.resplit(new)
     if rank == 0:
