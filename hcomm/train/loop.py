@@ -240,7 +240,7 @@ def _records(per_rank: List[List[dict]], losses: List[float], tokens_per_step: i
     for step, loss in enumerate(losses):
         ranks = [r[step] for r in per_rank]
         slowest = max(r["compute_s"] for r in ranks)
-        split = [dict(compute_s=r["compute_s"],
+        split = [dict(compute_s=r["compute_s"], busy_s=r.get("busy_s", r["compute_s"]),
                       idle_s=min(r["sync_wait_s"], slowest - r["compute_s"]) if r["sync_wait_s"] else 0.0,
                       comm_s=0.0, optimizer_s=r["optimizer_s"], outer_s=r["outer_s"],
                       **({"zero": r["zero"]} if r.get("zero") else {})) for r in ranks]
