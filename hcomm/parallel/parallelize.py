@@ -353,16 +353,24 @@ def _tensor_stages(pm: ParallelModel, pipes):
     stages' TP all-reduces.  Replicas sync the gradients of one (stage, position) shard among themselves.
     Returns (pipeline group, gradient group, the last stage's vocabulary-parallel cross entropy)."""
     from hcomm.parallel.groups import replica_groups
-    from hcomm.parallel.tensor.parallelize import tensor_parallelize
+    from hcomm.parallel.tensor.parallelize import TensorParallelLlama, tensor_parallelize
     from hcomm.parallel.tensor.vocab import vocab_parallel_cross_entropy
 
     plan = pm.plan
-    tp_group, _ = replica_groups([g.ranks for g in plan.tensor_groups()], across=False)
     mine = plan.tensor_group_of(pm.rank)
     pm.tp_position = mine.ranks.index(pm.rank)
-    members = sorted(mine.ranks)
-    pm.model = tensor_parallelize(pm.model, tp_group, [plan.ranks[r].tp_fraction for r in mine.ranks],
-                                  index=pm.tp_position, shard_ranks=[members.index(r) for r in mine.ranks])
+    fractions = [plan.ranks[r].tp_fraction for r in mine.ranks]
+    if isinstance(pm.model, TensorParallelLlama):
+        # re-staged (``pipeline.restage``): the same groups and fractions, so this rank's shards stay
+        if pm.model.fractions != fractions or pm.model.index != pm.tp_position:
+            raise ValueError(f"rank {pm.rank}: its model is already split for TP fractions {pm.model.fractions} "
+                             f"at position {pm.model.index}; the plan asks {fractions} at {pm.tp_position}")
+        tp_group = pm.model.group
+    else:
+        tp_group, _ = replica_groups([g.ranks for g in plan.tensor_groups()], across=False)
+        members = sorted(mine.ranks)
+        pm.model = tensor_parallelize(pm.model, tp_group, fractions, index=pm.tp_position,
+                                      shard_ranks=[members.index(r) for r in mine.ranks])
     by_position = {}
     for g in pipes:
         by_position.setdefault(plan.tensor_group_of(g.ranks[0]).ranks.index(g.ranks[0]), []).append(g.ranks)

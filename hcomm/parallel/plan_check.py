@@ -110,17 +110,13 @@ def check_plan(plan: Any, world_size: Optional[int]) -> None:
 
 def _check_stragglers(plan: Any) -> None:
     """Re-planning on drift re-splits the rows of hcomm's data parallelism (plain, ZeRO, across TP
-    groups: no state moves), or re-cuts a pipeline's layers and moves their state (``pipeline.restage``);
-    a pipeline of TP groups has no such move yet (its pieces are split across the group).  Outer sync
-    is refused in ``_check_group`` (its island weights hold between outer steps)."""
+    groups: no state moves), or re-cuts a pipeline's layers -- of ranks or of TP groups -- and moves
+    their state (``pipeline.restage``); torch's baselines have neither.  Outer sync is refused in
+    ``_check_group`` (its island weights hold between outer steps)."""
     watched = [g.name for g in plan.groups if g.straggler_margin]
-    if not watched:
-        return
-    other = ("backend " + plan.backend if plan.backend != "hcomm" else
-             "a pipeline of TP groups" if plan.tensor_groups() and plan.pipeline_groups() else "")
-    if other:
+    if watched and plan.backend != "hcomm":
         raise PlanError(f"groups {watched}: straggler_margin re-splits the rows of hcomm's data parallelism "
-                        f"(plain, ZeRO, TP groups) or re-cuts a pipeline's layers, not with {other}")
+                        f"(plain, ZeRO, TP groups) or re-cuts a pipeline's layers, not with backend {plan.backend}")
 
 
 def _check_top(plan: Any) -> None:

@@ -267,7 +267,9 @@ def _straggler_margin(args, pins: Dict[str, str], default: float) -> float:
 def replanner_for(args, view, plan):
     """What re-plans ``plan`` when its ranks drift (``train.loop``), or None when nothing watches it.
     Plain data parallelism re-splits its rows without one; a pipeline is cut again by the same planner
-    call that made it, on the drifted speeds (``planner.replan``)."""
+    call that made it, on the drifted speeds (``planner.replan``).  A pipeline of TP groups is cut again
+    by the same pipeline planner on the view where each group is one device (its groups and fractions
+    stay: the replanner hands this call that view)."""
     if not plan.dp_group().straggler_margin or not plan.pipeline_groups():
         return None
     from hcomm.parallel.planner.replan import PipelineReplanner
@@ -332,6 +334,8 @@ def pipeline_tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]
                                 micro_batches=int(micro) if micro else None, name=entry,
                                 bucket_bytes=_bucket_bytes(args, pins), compression=pins.get("compress", args.compress))
     _note_shards(plan, view, config)
+    if base == "auto":   # re-cut the groups' layers on drift (off unless asked: it moves state)
+        plan.dp_group().straggler_margin = _straggler_margin(args, pins, 0.0)
     return plan
 
 

@@ -28,9 +28,11 @@ def reference(global_batch: int, steps: int, kind: str):
 
 
 def _local_states(model, pm, optimizer):
+    """``{"<TP position>/<name>": state}`` of what this rank steps (position 0 without TP: a TP shard's
+    state is its position's, the same name holds another shard at another position)."""
     names = {id(p): n for n, p in model.named_parameters()}
-    return {names[id(p)]: {k: v.clone() for k, v in optimizer.state[p].items()} for p in pm.parameters()
-            if p in optimizer.state}
+    return {f"{pm.tp_position}/{names[id(p)]}": {k: v.clone() for k, v in optimizer.state[p].items()}
+            for p in pm.parameters() if p in optimizer.state}
 
 
 def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind: str):
@@ -52,18 +54,18 @@ def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind
         for step in range(steps):
             if step == switch_at:
                 held = [None] * ctx.world
-                dist.all_gather_object(held, _local_states(model, pm, opt))
+                dist.all_gather_object(held, _local_states(pm.model, pm, opt))
                 before = {n: s for states in reversed(held) for n, s in states.items()}
                 pm, opt = restage(pm, opt, second, make, LR[kind])
-                after = _local_states(model, pm, opt)
-                mine = sorted(after)
+                after = _local_states(pm.model, pm, opt)
+                mine = sorted(n.split("/", 1)[1] for n in after)
                 exact = bool(after) and all(after[n].keys() == before[n].keys() and
                                             all(torch.equal(v, before[n][k]) for k, v in after[n].items())
                                             for n in after)
             t = pm.train_step(lambda off, n: data.rows(step, off, n), opt)
             losses.append(t.global_loss)
-        pm.finish()   # the stages come together on every rank
+        pm.finish()   # the stages (and a TP group's shards) come together on every rank
         pm.close()
-        return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, exact, mine
+        return losses, {n: p.detach().clone() for n, p in pm.model.named_parameters()}, exact, mine
     finally:
         dist.destroy_process_group()

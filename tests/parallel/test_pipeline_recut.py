@@ -44,7 +44,7 @@ def pipelines(world: int, replicas, name: str = "") -> Plan:
     return Plan(BATCH, 16, ranks, groups, name=name).validate(world)
 
 
-ONE_A = pipelines(3, [([0, 1, 2], [0, 2, 6, 9], 8, 4, "1f1b")])
+ONE_A = pipelines(3, [([0, 1, 2], [0, 2, 6, 9], 8, 4, "1f1b")], "ONE_A")
 ONE_B = pipelines(3, [([0, 2, 1], [0, 4, 5, 9], 8, 2, "gpipe")])
 TWO_A = pipelines(4, [([0, 1], [0, 4, 9], 4, 2, "1f1b"), ([2, 3], [0, 4, 9], 4, 2, "1f1b")])
 TWO_B = pipelines(4, [([1, 0], [0, 6, 9], 6, 3, "gpipe"), ([3, 2], [0, 6, 9], 2, 2, "1f1b")])
@@ -90,7 +90,7 @@ def test_only_what_changes_hands_moves_from_its_lowest_old_holder():
 
 
 def test_restage_refuses_what_it_cannot_move():
-    from hcomm.parallel.pipeline.restage import check_restageable
+    from hcomm.parallel.pipeline.restage import check_restageable, check_same_shards
 
     dp = Plan.from_shares([0.5, 0.5], 8, 16, name="dp")
     with pytest.raises(ValueError, match="re-staging moves a pipeline's layer ranges; this plan has none"):
@@ -100,12 +100,16 @@ def test_restage_refuses_what_it_cannot_move():
         check_restageable(ONE_A, tied)
     watched = Plan.from_yaml(ONE_A.to_yaml())
     watched.dp_group().straggler_margin = 0.3
-    watched.validate(3)   # a watched pipeline is a valid plan; with TP groups it is not
+    watched.validate(3)   # a watched pipeline is a valid plan, of ranks or of TP groups
     watched.groups += [GroupPlan(f"tp:{r}", [r]) for r in range(3)]   # TP groups of one: still TP
     for r in watched.ranks:
         r.tp_group = r.rank
-    with pytest.raises(PlanError, match="re-cuts a pipeline's layers, not with a pipeline of TP groups"):
-        watched.validate(3)
+    watched.validate(3)
+    # a TP shard keeps its shape: the groups and their fractions stay
+    check_same_shards(watched, watched)
+    with pytest.raises(ValueError, match=r"re-staging keeps every TP shard's shape: plan 'ONE_A' has TP groups "
+                                         r"and fractions \[\], the running plan \[\(\(0,\), \(1.0,\)\)"):
+        check_same_shards(watched, ONE_A)
 
 
 # ------------------------------------------------------------------ 2. the re-plan
@@ -277,20 +281,29 @@ def test_replicas_take_rows_from_a_slow_one_before_any_state_moves():
 # ------------------------------------------------------------------ 3. hcomm train
 
 def test_hcomm_train_recuts_a_pipeline_when_a_rank_turns_slow(tmp_path):
-    plans = ["auto@pp=2@straggler=2", "uniform@pp=1"]
+    """A pipeline of ranks, and one of TP groups of 2: rank 1 turns slow at step 4, the watch catches it
+    after 3 steps and the layers are cut again with less work on rank 1 (in the TP plan on its group:
+    its partner waits for it inside every layer, so both drift; every shard moves whole to the same TP
+    position of the other group).  Every step's loss and the eval loss stay torch DDP's (1e-4)."""
+    plans = ["auto@pp=2@straggler=2", "auto@pp=2@tp=2@straggler=2", "uniform@pp=1"]
     runs, out = train_local(tmp_path, plans, 10, env={"HCOMM_TRAIN_SLOW": "1:4:0.05"})
-    run = runs[plans[0]]
-    assert len(run["replans"]) == 1, out[-3000:]
-    recut = run["replans"][0]
-    assert recut["what"] == "re-cut" and recut["drifted"] == [1] and recut["after_steps"] == 7, recut
-    assert "re-cut the pipeline after step 7" in out
 
-    def piece_rows(layout, rank):   # the hook sleeps per sample and piece: pieces held x rows run
+    def piece_rows(layout, rank, replica_rows=None):   # the hook sleeps per sample and piece: pieces x rows
         for ranks, edges, rows, _ in layout:
             if rank in ranks:
                 stage = ranks.index(rank)
-                return (edges[stage + 1] - edges[stage]) * rows
+                return (edges[stage + 1] - edges[stage]) * (rows if replica_rows is None else replica_rows)
         raise AssertionError(rank)
 
-    assert piece_rows(recut["to"], 1) < piece_rows(recut["from"], 1), recut
+    for name in plans[:2]:
+        run = runs[name]
+        assert len(run["replans"]) == 1, out[-3000:]
+        recut = run["replans"][0]
+        assert recut["what"] == "re-cut" and 1 in recut["drifted"] and recut["after_steps"] == 7, recut
+        # the TP plan's one replica keeps its 8 rows (on rank 0, the rows leader): only pieces move
+        fixed = 8 if name == plans[1] else None
+        assert piece_rows(recut["to"], 1, fixed) < piece_rows(recut["from"], 1, fixed), recut
+    tp = runs[plans[1]]
+    assert tp["replans"][0]["drifted"] == [0, 1], tp["replans"]   # the slow rank's partner waits for it
+    assert out.count("re-cut the pipeline after step 7") == 2
     assert_reference_losses(runs, "uniform@pp=1", 10, lambda name: 1e-4)

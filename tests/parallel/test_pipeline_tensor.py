@@ -55,16 +55,6 @@ def _bad(edit, *fragments):
         assert f in str(info.value), str(info.value)
 
 
-def test_a_watched_pipeline_of_tp_groups_is_refused():
-    """A re-cut would move pieces split across a TP group: no such move yet, so no watch either."""
-    plan = grid()
-    plan.dp_group().straggler_margin = 0.3
-    with pytest.raises(PlanError, match=r"straggler_margin re-splits the rows of hcomm's data parallelism "
-                                        r"\(plain, ZeRO, TP groups\) or re-cuts a pipeline's layers, not with a "
-                                        r"pipeline of TP groups"):
-        plan.validate()
-
-
 def test_a_tp_group_across_two_stages_is_refused():
     def edit(p):   # TP groups [0, 2] and [1, 3]: each spans both stages
         p.groups[1].ranks, p.groups[2].ranks = [0, 2], [1, 3]

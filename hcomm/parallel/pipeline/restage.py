@@ -15,8 +15,11 @@ what it now steps.  The values are copied bit for bit: a re-staged run trains wh
 run with the new cuts from that step on would.  (Pieces a rank no longer holds keep stale values in
 its copy of the model; ``ParallelModel.finish`` gathers the stages for the evaluation as always.)
 
-Pipelines without tensor parallelism only (a TP shard's state is split across ranks) and untied
-embeddings (a tied weight lives on the first and the last stage: two ranks would both own it).
+A pipeline of TP groups re-stages when its groups and their fractions stay (``planner.replan`` keeps
+them): every rank keeps its shard of every piece, and a piece that changes hands moves shard by shard
+between the same TP position of the two groups (position k's shards have one shape everywhere).
+Untied embeddings only (a tied weight lives on the first and the last stage: two ranks would both
+own it).
 """
 from __future__ import annotations
 
@@ -30,12 +33,19 @@ def check_restageable(plan, model) -> None:
     """ValueError naming why ``plan``'s state cannot be moved to other layer ranges."""
     if not plan.pipeline_groups():
         raise ValueError(f"plan {plan.name!r}: re-staging moves a pipeline's layer ranges; this plan has none")
-    if plan.tensor_groups():
-        raise ValueError(f"plan {plan.name!r}: re-staging a pipeline of tensor-parallel groups is not supported "
-                         f"(each TP shard's optimizer state is split across its group)")
     if getattr(getattr(model, "config", None), "tie_embeddings", False):
         raise ValueError("re-staging a pipeline needs untied embeddings (tie_embeddings: false): a tied weight "
                          "sits on the first and the last stage")
+
+
+def check_same_shards(old, new) -> None:
+    """ValueError unless ``old`` and ``new`` split the model the same way: the same TP groups with the same
+    fractions (or no TP in either), so every rank's shards keep their shapes."""
+    def split(plan):
+        return [(tuple(g.ranks), tuple(plan.ranks[r].tp_fraction for r in g.ranks)) for g in plan.tensor_groups()]
+    if split(old) != split(new):
+        raise ValueError(f"re-staging keeps every TP shard's shape: plan {new.name!r} has TP groups and fractions "
+                         f"{split(new)}, the running plan {split(old)}")
 
 
 def _held(model, params) -> List[str]:
@@ -56,23 +66,28 @@ def transfers(old_held: List[List[str]], new_held: List[List[str]], names: List[
     return out
 
 
-def move_state(model, optimizer, old_params, new_params, group) -> Dict[str, Dict[str, torch.Tensor]]:
+def move_state(model, optimizer, old_params, new_params, group, shard: int = 0,
+               shards: int = 1) -> Dict[str, Dict[str, torch.Tensor]]:
     """Each rank's ``{name: optimizer state}`` for ``new_params`` (what it steps under the new plan),
     the parameters it did not hold before received in place.  Only what changes hands moves, point to
-    point, from one old holder to each new one: no rank allocates state it will not step.
+    point, from one old holder to each new one: no rank allocates state it will not step.  With TP
+    groups of ``shards`` ranks, this rank holds shard ``shard`` of its pieces: a parameter is known as
+    ``"<shard>/<name>"``, so it moves only between ranks holding the same shard.
 
     Blocking sends and receives in one global order cannot deadlock: the earliest unfinished transfer
     has both ends past everything before it, so it completes."""
     me, world = dist.get_rank(group), dist.get_world_size(group)
-    old, new = _held(model, old_params), _held(model, new_params)
+    old = [f"{shard}/{n}" for n in _held(model, old_params)]
+    new = [f"{shard}/{n}" for n in _held(model, new_params)]
     mine = {name: optimizer.state.get(p, {}) for name, p in zip(old, old_params)}
     # who held and holds what, and what each held tensor of state looks like (the receivers allocate it)
     layout = {n: {k: (tuple(v.shape), v.dtype) for k, v in s.items() if torch.is_tensor(v)} for n, s in mine.items()}
     everyone: List = [None] * world
     dist.all_gather_object(everyone, (old, new, layout), group=group)
-    params = dict(model.named_parameters())
+    params = {f"{shard}/{n}": p for n, p in model.named_parameters()}
     states = {name: mine[name] for name in new if name in mine}
-    for name, src, dst in transfers([e[0] for e in everyone], [e[1] for e in everyone], list(params)):
+    every_name = [f"{k}/{n}" for k in range(shards) for n, _ in model.named_parameters()]
+    for name, src, dst in transfers([e[0] for e in everyone], [e[1] for e in everyone], every_name):
         if me not in (src, dst):
             continue
         peer = dist.get_global_rank(group, dst if me == src else src)
@@ -87,7 +102,7 @@ def move_state(model, optimizer, old_params, new_params, group) -> Dict[str, Dic
         for key, (shape, dtype) in keys:
             states[name][key] = torch.empty(shape, dtype=dtype, device=params[name].device)
             dist.recv(states[name][key], peer, group=group)
-    return states
+    return {name.split("/", 1)[1]: state for name, state in states.items()}
 
 
 def restage(pm, optimizer, plan, build_optimizer: Callable, lr: float) -> Tuple[object, torch.optim.Optimizer]:
@@ -97,6 +112,7 @@ def restage(pm, optimizer, plan, build_optimizer: Callable, lr: float) -> Tuple[
 
     check_restageable(pm.plan, pm.model)
     check_restageable(plan, pm.model)
+    check_same_shards(pm.plan, plan)
     old_params = pm.parameters()
     scale = pm.precision.loss_scale if pm.precision is not None else None
     pm.close()
@@ -105,7 +121,9 @@ def restage(pm, optimizer, plan, build_optimizer: Callable, lr: float) -> Tuple[
     new.steps = pm.steps
     if new.precision is not None and scale is not None and new.precision.loss_scale is not None:
         new.precision.loss_scale = scale   # an fp16 run's dynamic loss scale goes on where it was
-    states = move_state(pm.model, optimizer, old_params, new.parameters(), pm.groups.default)
+    tp = pm.plan.tensor_group_of(pm.rank)
+    states = move_state(pm.model, optimizer, old_params, new.parameters(), pm.groups.default,
+                        shard=tp.ranks.index(pm.rank) if tp else 0, shards=len(tp.ranks) if tp else 1)
     new_optimizer = build_optimizer(new.parameters(), lr)
     for name, p in zip(_held(pm.model, new.parameters()), new.parameters()):
         if states.get(name):

@@ -11,7 +11,7 @@ s of replica j is TP group ``order[s]``, and pipeline ``j*tp + k`` links positio
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from hcomm.parallel.cluster import ClusterView
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan
@@ -183,3 +183,30 @@ def expand(inner: Plan, groups: List[List[int]], fractions: Sequence[float], vie
     plan = Plan(inner.global_batch, inner.seq_len, ranks, out, name=inner.name,
                 predicted_step_s=inner.predicted_step_s)
     return plan.validate(world)
+
+
+def contract(plan: Plan) -> Tuple[Plan, List[List[int]], List[float]]:
+    """``expand``'s inverse: a pipeline of TP groups as the plan over its groups (group i as rank i, a group's
+    rows, stage and layers those of its first rank; the pipelines of TP position 0 stand for their
+    replicas), with the groups and their fractions -- what a re-plan that keeps every shard's shape
+    (``planner.replan``) re-cuts.  ValueError when the groups' fractions differ (no one group view)."""
+    groups = [list(g.ranks) for g in plan.tensor_groups()]
+    fractions = [plan.ranks[r].tp_fraction for r in groups[0]]
+    odd = [g for g in groups if [plan.ranks[r].tp_fraction for r in g] != fractions]
+    if odd:
+        raise ValueError(f"plan {plan.name!r}: TP groups {odd} split by other fractions than {groups[0]} "
+                         f"({fractions}); a pipeline of TP groups re-plans with one split in every group")
+    group_of = {r: i for i, g in enumerate(groups) for r in g}
+    ranks = [RankPlan(i, plan.ranks[g[0]].batch_share, device="+".join(plan.ranks[r].device for r in g),
+                      stage=plan.ranks[g[0]].stage, layers=plan.ranks[g[0]].layers) for i, g in enumerate(groups)]
+    dp = plan.dp_group()
+    out = [GroupPlan("dp", list(range(len(groups))), bucket_bytes=dp.bucket_bytes, compression=dp.compression,
+                     straggler_margin=dp.straggler_margin, straggler_patience=dp.straggler_patience)]
+    firsts = {g[0] for g in groups}
+    for pipe in plan.pipeline_groups():
+        if pipe.ranks[0] in firsts:   # TP position 0: one per replica
+            out.append(GroupPlan(f"pp:{len(out) - 1}", [group_of[r] for r in pipe.ranks],
+                                 bucket_bytes=pipe.bucket_bytes, micro_batches=pipe.micro_batches,
+                                 schedule=pipe.schedule, virtual_stages=pipe.virtual_stages, cuts=list(pipe.cuts)))
+    inner = Plan(plan.global_batch, plan.seq_len, ranks, out, name=plan.name, predicted_step_s=plan.predicted_step_s)
+    return inner.validate(len(groups)), groups, fractions

@@ -46,18 +46,20 @@ def held_pieces(plan) -> List[List[int]]:
     return held
 
 
-def move_seconds(view, old, new) -> float:
+def move_seconds(view, old, new, share: float = 1.0) -> float:
     """Predicted seconds of ``restage`` moving ``old``'s state to ``new``: each piece that changes hands
     goes from its lowest old holder to each new one (``restage.transfers``), its parameters and AdamW
     state over the link between them; the sends are blocking, in one global order, so a transfer starts
-    when both its ends are done with the ones before it."""
+    when both its ends are done with the ones before it.  On a view of TP groups (``pipeline_tensor``)
+    every TP position moves its own shard side by side: ``share`` is the largest shard's fraction (the
+    view's links already share an uplink between the positions)."""
     from hcomm.parallel.pipeline.restage import transfers
 
     n = len(view.profiles[0].layers)
     free = [0.0] * view.world_size
     for piece, src, dst in transfers(held_pieces(old), held_pieces(new), list(range(n))):
         layer = view.profiles[src].layers[piece]
-        nbytes = layer.param_bytes + layer.optim_bytes
+        nbytes = int((layer.param_bytes + layer.optim_bytes) * share)
         start = max(free[src], free[dst])
         free[src] = free[dst] = start + view.p2p_s(src, dst, nbytes) + \
             (MESSAGES_PER_PIECE - 1) * view.p2p_s(src, dst, 0)
@@ -143,23 +145,50 @@ class PipelineReplanner:
     def replan(self, plan, factors: Sequence[float], steps_left: Optional[int] = None):
         """The plan to run the ``steps_left`` steps on (None: as many as it takes for any saving to pay
         for its move): the least predicted step time x steps left + move seconds of the options in the
-        module docstring.  Its first note says what each would cost."""
-        from hcomm.parallel.planner.simulate import simulate
+        module docstring.  Its first note says what each would cost.
+
+        A pipeline of TP groups is re-planned as the pipeline of its groups (``pipeline_tensor.contract``,
+        each group one device at its slowest member's drifted speed): the groups and their fractions stay,
+        so every shard keeps its shape and moves whole between the same TP positions of two groups."""
+        from hcomm.parallel.planner import cost
+        from hcomm.parallel.planner.pipeline_tensor import contract, expand, group_view
 
         self.view = slowed_view(self.view, factors)
+        inner, view, share, groups, fractions = plan, self.view, 1.0, None, None
+        if plan.tensor_groups():
+            inner, groups, fractions = contract(plan)
+            view = group_view(self.view, groups, [fractions] * len(groups), plan.seq_len,
+                              cost.model_shape(self.view.profiles[0])[0])
+            share = max(fractions)
+        chosen = self._choose(inner, view, share, steps_left)
+        if groups is not None:
+            expanded = expand(chosen, groups, fractions, self.view)
+            expanded.notes, chosen = chosen.notes, expanded
+        for old_rank, new_rank in zip(plan.ranks, chosen.ranks):   # a rank's dtype is its device's
+            new_rank.compute_dtype = old_rank.compute_dtype
+        dp, new_dp = plan.dp_group(), chosen.dp_group()
+        new_dp.straggler_margin, new_dp.straggler_patience = dp.straggler_margin, dp.straggler_patience
+        chosen.name = plan.name
+        return chosen
+
+    def _choose(self, plan, view, share: float, steps_left: Optional[int]):
+        """The option of least predicted cost on ``view`` (ranks, or TP groups as devices), its first note
+        listing every option."""
+        from hcomm.parallel.planner.simulate import simulate
+
         kept = copy.deepcopy(plan)
-        kept.predicted_step_s = simulate(plan, self.view).step_s
+        kept.predicted_step_s = simulate(plan, view).step_s
         options = [("keep the cuts", kept, 0.0)]
-        rows = resplit_replicas(plan, self.view)
+        rows = resplit_replicas(plan, view)
         if rows is not None:
             options.append(("re-split the rows", rows, 0.0))
-        in_place = recut_in_place(plan, self.view)
+        in_place = recut_in_place(plan, view)
         if in_place is not None:
-            options.append(("re-cut in place", in_place, move_seconds(self.view, plan, in_place)))
+            options.append(("re-cut in place", in_place, move_seconds(view, plan, in_place, share)))
         refused = ""
         try:
-            new = self.make(self.view, plan)
-            options.append(("re-plan", new, move_seconds(self.view, plan, new)))
+            new = self.make(view, plan)
+            options.append(("re-plan", new, move_seconds(view, plan, new, share)))
         except ValueError as error:   # the planner finds nothing at these speeds: the other options stand
             refused = f"; re-plan refused: {str(error).splitlines()[0][:200]}"
 
@@ -174,9 +203,5 @@ class PipelineReplanner:
         chosen.notes = [f"{what}: at the drifted speeds, {left}: " + "; ".join(
             f"{label} {p.predicted_step_s * 1e3:.0f} ms per step" + (f" + {move:.2f} s to move" if move else "")
             for label, p, move in options) + refused, *chosen.notes]
-        for old_rank, new_rank in zip(plan.ranks, chosen.ranks):   # a rank's dtype is its device's
-            new_rank.compute_dtype = old_rank.compute_dtype
-        dp, new_dp = plan.dp_group(), chosen.dp_group()
-        new_dp.straggler_margin, new_dp.straggler_patience = dp.straggler_margin, dp.straggler_patience
-        chosen.name = plan.name
         return chosen
+
