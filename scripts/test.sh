@@ -17,7 +17,8 @@ elif ! command -v nvcc >/dev/null 2>&1; then
 else
   bash "$root/.ci/cuda_compile_check.sh" || { echo "test.sh: CUDA compile check failed" >&2; exit 1; }
 fi
-"$venv/bin/python" -m pytest tests -q -ra "$@"
+# the slowest tests listed: the whole run must stay well inside CI's time
+"$venv/bin/python" -m pytest tests -q -ra --durations=15 "$@"
 rc=$?
 # pytest exits 5 when it collected no tests: that is a broken suite here.
 if [ "$rc" -eq 5 ]; then

@@ -3,9 +3,10 @@
 - Data parallelism -- plain, ZeRO (shards stay, each rank runs more or fewer rounds of its micro-batch)
   or across TP groups (a group's rows move as one) -- re-splits the batch by the seconds per sample just
   measured: only rows move.
-- A pipeline is cut again by the planner on the drifted speeds (``planner.replan``) and its state --
-  parameters and AdamW's moments of the pieces that change hands -- moves there in memory
-  (``pipeline.restage``), at the step boundary: nothing is lost, the next step trains on the new cuts.
+- A pipeline -- of ranks, or of TP groups (each group one device, its shards keeping their shapes) --
+  is cut again by the planner on the drifted speeds (``planner.replan``) and its state -- parameters
+  and AdamW's moments of the pieces that change hands -- moves there in memory (``pipeline.restage``),
+  at the step boundary: nothing is lost, the next step trains on the new cuts.
 
 Also the rehearsal hook ``HCOMM_TRAIN_SLOW``: a rank that turns slow mid-run, on any box.
 """

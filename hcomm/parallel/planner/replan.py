@@ -14,6 +14,11 @@ are weighed for the steps left in the run, each at its predicted step time plus 
 keeping the cuts (nothing moves); with replicas, splitting their rows again by their speeds (rows
 move, no state); cutting again in the current device order and rows (only the pieces at the
 shifted boundaries move, between neighbours); and the planner's own new plan.
+
+A pipeline of TP groups is weighed the same way on the view where each group is one device
+(``pipeline_tensor.contract`` / ``group_view``: the group at its slowest member's drifted speed); the
+groups and their fractions stay, so the state that moves is shards of the same shape, each TP position
+sending its own side by side.
 """
 from __future__ import annotations
 
