@@ -27,6 +27,7 @@ import torch.distributed as dist
 from hcomm.parallel.data import GradSync
 from hcomm.parallel.outer import OuterSync
 from hcomm.parallel.plan import Plan
+from hcomm.parallel.tensor import comm as tp_comm
 
 
 @dataclass
@@ -96,6 +97,7 @@ class ParallelModel:
         """One optimizer step; ``rows_for(offset, count)`` gives this rank's rows of the global batch."""
         times = StepTimes()
         start = time.perf_counter()
+        tp_waited = tp_comm.waited_s()
         rows = rows_for(self.offset, self.samples)
         if self.zero is not None:
             done = self.zero.step(rows, self.micro_batch, optimizer)
@@ -132,6 +134,7 @@ class ParallelModel:
                 if self.tp_position:   # the TP group's loss is counted once, on its first rank
                     times.local_loss = float("nan")
             times.compute_s = times.busy_s = time.perf_counter() - start
+            times.busy_s -= tp_comm.waited_s() - tp_waited   # a TP member's own work: not its waits for partners
             times.sync_wait_s = self.sync.wait()
             times.global_loss = self.sync.global_loss()
         t = time.perf_counter()

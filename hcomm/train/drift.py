@@ -2,7 +2,8 @@
 
 - Data parallelism -- plain, ZeRO (shards stay, each rank runs more or fewer rounds of its micro-batch)
   or across TP groups (a group's rows move as one) -- re-splits the batch by the seconds per sample just
-  measured: only rows move.
+  measured: only rows move.  TP groups may instead get new shards (``reshard_tensor``: the slow member a
+  smaller fraction, the state cut again), when the planner predicts that pays for the move.
 - A pipeline -- of ranks, or of TP groups (each group one device, its shards keeping their shapes) --
   is cut again by the planner on the drifted speeds (``planner.replan``) and its state -- parameters
   and AdamW's moments of the pieces that change hands -- moves there in memory (``pipeline.restage``),
@@ -106,6 +107,45 @@ def recut_pipeline(pm, optimizer, replanner, per_sample: List[float], drift: Lis
     if rank == 0:   # where the choice was made: each option's predicted step and move
         record["options"] = [{"what": w, "step_ms": s * 1e3, "move_s": m} for w, s, m in replanner.options]
     return pm, optimizer, record
+
+
+def reshard_tensor(pm, optimizer, replanner, per_sample: List[float], counts: List[int], drift: List[float],
+                   drifted: List[int], after: int, steps_left: int, build_optimizer, lr: float, rank: int):
+    """TP groups: rank 0 weighs re-splitting the rows against new shards for the ``steps_left`` steps
+    (``planner.replan_tensor``; every rank gets the choice); new shards move the state
+    (``tensor.reshard``), the rows re-split by the seconds just measured (``resplit_rows``).
+    (ParallelModel, optimizer, record)."""
+    from hcomm.parallel.plan import Plan
+    from hcomm.parallel.planner.replan_tensor import SHARDS
+    from hcomm.parallel.tensor.reshard import reshard
+    from hcomm.train.worker import _on_rank0
+
+    factors = [1.0 + d if math.isfinite(d) else 1.0 for d in drift]
+    old = pm.plan
+    plan = Plan.from_yaml(_on_rank0(lambda: replanner.replan(old, factors, steps_left).to_yaml(), rank))
+    options = [{"what": w, "step_ms": s * 1e3, "move_s": m} for w, s, m in replanner.options] if rank == 0 else []
+    if not plan.notes[0].startswith(SHARDS):
+        record = resplit_rows(pm, per_sample, counts, drift, drifted, after, old, rank)
+        return pm, optimizer, dict(record, what="re-split", options=options)
+    start = time.perf_counter()
+    pm, optimizer = reshard(pm, optimizer, plan, build_optimizer, lr)
+    moved_s = time.perf_counter() - start
+    before, now = _tp_layout(old), _tp_layout(plan)
+    if rank == 0:
+        print(f"hcomm train: {_said(drift, drifted)} from their own seconds per sample (TP waits left out) for "
+              f"{old.dp_group().straggler_patience} steps: new TP shards after step {after} (groups, fractions, "
+              f"rows): {before} -> {now}; {plan.notes[0]}; state moved in {moved_s * 1e3:.0f} ms", flush=True)
+    return pm, optimizer, {"after_steps": after, "drifted": drifted, "drift": [drift[r] for r in drifted],
+                           "what": "re-sharded", "ms_per_sample": [s * 1e3 for s in per_sample], "from": before,
+                           "to": now, "predicted_ms": (plan.predicted_step_s or math.nan) * 1e3,
+                           "moved_s": moved_s, "options": options}
+
+
+def _tp_layout(plan) -> List[list]:
+    """Per TP group: [its ranks in shard order, their fractions, its rows]."""
+    counts = plan.batch_counts()
+    return [[g.ranks, [plan.ranks[r].tp_fraction for r in g.ranks], counts[g.ranks[0]]]
+            for g in plan.tensor_groups()]
 
 
 def _layout(plan) -> List[list]:

@@ -74,8 +74,8 @@ def _evaluate(model, eval_tokens: torch.Tensor, batches: int, global_batch: int,
 
 def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, world: int,
                replanner=None) -> PlanResult:
-    """``replanner``: what cuts a watched pipeline again (``plans.replanner_for``); data parallelism
-    re-splits its rows without one."""
+    """``replanner``: what cuts a watched pipeline again, or gives TP groups new shards
+    (``plans.replanner_for``); data parallelism re-splits its rows without one."""
     from hcomm.train import drift
     from hcomm.train.data import GlobalBatches
 
@@ -91,7 +91,8 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
         raise ValueError(f"plan {plan.name!r} watches a pipeline for stragglers but nothing can re-plan it "
                          f"(hcomm train makes its replanner; a plan file's pipeline cannot be re-cut)")
     watch = StragglerWatch(dp.straggler_margin, dp.straggler_patience) if dp.straggler_margin else None
-    tell_step, slow_handles = drift.slow_hook(model, rank)
+    # on the pieces this rank runs: a TP plan's are its shards (the embedding and head rebuilt)
+    tell_step, slow_handles = drift.slow_hook(pm.model if plan.tensor_groups() else model, rank)
     first, every = _resume(args, plan, pm, optimizer, mine, groups.default, rank, world)
     bar = _progress(args.steps, rank)
     dist.barrier(group=groups.default)
@@ -120,9 +121,19 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
                                                              watch.drift(per_sample), drifted, step + 1,
                                                              args.steps - step - 1, make_optimizer, args.lr, rank)
                 replans.append(record)
+            elif drifted and replanner is not None:   # TP groups: rows, or new shards
+                pm, optimizer, record = drift.reshard_tensor(pm, optimizer, replanner, per_sample, counts,
+                                                             watch.drift(per_sample), drifted, step + 1,
+                                                             args.steps - step - 1, make_optimizer, args.lr, rank)
+                replans.append(record)
+                if slow_handles and record["what"] == "re-sharded":   # the rehearsal follows the new modules
+                    for handle in slow_handles:
+                        handle.remove()
+                    tell_step, slow_handles = drift.slow_hook(pm.model, rank)
+                    tell_step(step)
             elif drifted:
                 replans.append(drift.resplit_rows(pm, per_sample, counts, watch.drift(per_sample), drifted,
-                                                  step + 1, plan, rank))
+                                                  step + 1, pm.plan, rank))
             if drifted:
                 watch.reset()
         if every and (step + 1) % every == 0 and step + 1 < args.steps:

@@ -269,14 +269,18 @@ def replanner_for(args, view, plan):
     Plain data parallelism re-splits its rows without one; a pipeline is cut again by the same planner
     call that made it, on the drifted speeds (``planner.replan``).  A pipeline of TP groups is cut again
     by the same pipeline planner on the view where each group is one device (its groups and fractions
-    stay: the replanner hands this call that view)."""
-    if not plan.dp_group().straggler_margin or not plan.pipeline_groups():
+    stay: the replanner hands this call that view).  TP groups alone may get new shards from the same
+    tensor planner call (``planner.replan_tensor``)."""
+    if not plan.dp_group().straggler_margin or not (plan.pipeline_groups() or plan.tensor_groups()):
         return None
     from hcomm.parallel.planner.replan import PipelineReplanner
+    from hcomm.parallel.planner.replan_tensor import TensorReplanner
 
     base, pins = parse_entry(plan.name)
     if base != "auto":   # a plan file or a searched plan: no planner call to repeat
         return None
+    if not plan.pipeline_groups():   # TP groups: the same planner call gives the shards at the drifted speeds
+        return TensorReplanner(view, lambda v, old: tensor_plan(args, v, old.name, base, pins))
     pins = dict(pins, pp=str(len(plan.pipeline_groups()[0].ranks)))   # as many stages as it runs now
     return PipelineReplanner(view, lambda v, old: pipeline_plan(args, v, old.name, base, pins))
 

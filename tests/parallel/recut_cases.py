@@ -35,12 +35,14 @@ def _local_states(model, pm, optimizer):
             for p in pm.parameters() if p in optimizer.state}
 
 
-def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind: str):
+def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind: str, move: str = "restage"):
     """(global loss per step where known else nan, whole model at the end, every moved state equal
-    bit for bit, parameter names this rank steps under plan B)."""
+    bit for bit, parameter names this rank steps under plan B).  ``move``: "restage" (a pipeline's
+    layers) or "reshard" (a TP split: shards change shape, so only the losses and the model say)."""
     from hcomm.parallel.parallelize import parallelize
     from hcomm.parallel.pipeline.restage import restage
     from hcomm.parallel.plan import Plan
+    from hcomm.parallel.tensor.reshard import reshard
 
     groups = dp_cases._init(ctx, None)
     try:
@@ -56,16 +58,22 @@ def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind
                 held = [None] * ctx.world
                 dist.all_gather_object(held, _local_states(pm.model, pm, opt))
                 before = {n: s for states in reversed(held) for n, s in states.items()}
-                pm, opt = restage(pm, opt, second, make, LR[kind])
+                pm, opt = (restage if move == "restage" else reshard)(pm, opt, second, make, LR[kind])
                 after = _local_states(pm.model, pm, opt)
                 mine = sorted(n.split("/", 1)[1] for n in after)
                 exact = bool(after) and all(after[n].keys() == before[n].keys() and
                                             all(torch.equal(v, before[n][k]) for k, v in after[n].items())
-                                            for n in after)
+                                            for n in after) if move == "restage" else \
+                    bool(after) and all(after[n].keys() == before[n].keys() for n in after if n in before)
             t = pm.train_step(lambda off, n: data.rows(step, off, n), opt)
             losses.append(t.global_loss)
-        pm.finish()   # the stages (and a TP group's shards) come together on every rank
+        pm.finish()   # the stages (and a pipeline TP group's shards) come together on every rank
+        model = pm.model
+        if not pm.plan.pipeline_groups() and pm.plan.tensor_groups():   # TP alone stays in shards
+            from hcomm.parallel.tensor.reshard import whole_model
+
+            model = whole_model(pm.model)
         pm.close()
-        return losses, {n: p.detach().clone() for n, p in pm.model.named_parameters()}, exact, mine
+        return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, exact, mine
     finally:
         dist.destroy_process_group()

@@ -59,6 +59,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from hcomm.models.llama import layer_modules
 from hcomm.parallel.groups import replica_groups as make_pipeline_groups  # noqa: F401  (its old home)
 from hcomm.parallel.pipeline.stages import Range, StageModule, TokenSumLoss, build_stages, check_ranges
+from hcomm.parallel.tensor import comm as tp_comm
 
 SCHEDULES = {
     "gpipe": "torch ScheduleGPipe: all forwards, then all backwards; one stage per rank",
@@ -83,7 +84,8 @@ class PipelineStep:
     loss: float = float("nan")         # this pipeline's mean loss over its rows (ranks holding the last stage)
     global_loss: float = float("nan")  # the global batch's mean loss (last-stage ranks; = loss without DP)
     compute_s: float = 0.0             # the schedule: forward, backward and the pipeline's own sends/receives
-    busy_s: float = 0.0                # inside this rank's forwards and backwards only (no waiting for peers)
+    busy_s: float = 0.0                # inside this rank's forwards and backwards only (no waiting for peers,
+                                       # nor for TP partners inside their collectives)
     sync_wait_s: float = 0.0           # after the schedule until every gradient bucket is reduced (DP only)
 
 
@@ -219,11 +221,12 @@ class _TimedStage(PipelineStage):
         self.busy_s = 0.0
 
     def _timed(self, chunk, *args, **kwargs):
-        start = time.perf_counter()
+        # a TP stage's collectives wait for the slowest partner: that part is not this rank's own work
+        start, waited = time.perf_counter(), tp_comm.waited_s()
         try:
             return chunk(*args, **kwargs)
         finally:
-            self.busy_s += time.perf_counter() - start
+            self.busy_s += (time.perf_counter() - start) - (tp_comm.waited_s() - waited)
 
     def forward_one_chunk(self, *args, **kwargs):
         return self._timed(super().forward_one_chunk, *args, **kwargs)

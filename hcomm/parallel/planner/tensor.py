@@ -177,3 +177,21 @@ def _member_seconds(profile, rows: int, fraction: float) -> float:
         return 0.0
     fixed = sum(c.fwd_fixed_s + c.bwd_fixed_s for c in profile.layers)
     return fixed + (model_seconds(profile) - fixed) * rows / profile.micro_batch * fraction
+
+
+def rows_resplit(plan, view, dim: int, n_layers: int):
+    """``plan`` (TP groups, no pipeline) with its groups' rows apportioned again by their seconds per row on
+    ``view`` (as ``plan_tensor`` does), groups and fractions unchanged: rows move, no state."""
+    import copy
+
+    groups = [g.ranks for g in plan.tensor_groups()]
+    fr = [plan.ranks[r].tp_fraction for r in groups[0]]
+    even = max(1, round(plan.global_batch / len(groups)))
+    per_row = [_group_seconds(view, g, fr, even, plan.seq_len, dim, n_layers)[0] for g in groups]
+    rows = apportion([1.0 / s for s in per_row], plan.global_batch)
+    out = copy.deepcopy(plan)
+    for g, n in zip(groups, rows):
+        for r in g:
+            out.ranks[r].batch_share = n / plan.global_batch if r == g[0] else 0.0
+    out.predicted_step_s = tensor_step_s(view, out, dim, n_layers)[0]
+    return out

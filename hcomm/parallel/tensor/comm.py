@@ -6,11 +6,33 @@ columns contributed to it).  ``reduce_from(x)`` leaves a row-parallel
 region: the partial outputs summed forward, identity backward.  Shard sizes
 never appear here: both move whole activations, which is why uneven shards
 cost no extra communication.
+
+``all_reduce`` is every TP collective of this package, timed: ``waited_s()`` is how long this process
+has spent inside them.  Inside one a rank also waits for its slowest partner to arrive, so a rank's
+compute less that time is its own speed (the straggler watch tells the slow member from the partners
+that wait for it).
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
+
+_waited = [0.0]
+
+
+def waited_s() -> float:
+    """Seconds this process has spent inside TP collectives so far (take differences)."""
+    return _waited[0]
+
+
+def all_reduce(tensor: torch.Tensor, group, op=dist.ReduceOp.SUM) -> None:
+    start = time.perf_counter()
+    try:
+        dist.all_reduce(tensor, op=op, group=group)
+    finally:
+        _waited[0] += time.perf_counter() - start
 
 
 class _CopyTo(torch.autograd.Function):
@@ -22,7 +44,7 @@ class _CopyTo(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
+        all_reduce(grad, ctx.group)
         return grad, None
 
 
@@ -30,7 +52,7 @@ class _ReduceFrom(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         out = x.contiguous().clone()
-        dist.all_reduce(out, group=group)
+        all_reduce(out, group)
         return out
 
     @staticmethod

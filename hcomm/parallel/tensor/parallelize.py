@@ -82,6 +82,7 @@ class TensorParallelLlama(nn.Module):
         self.group, self.split, self.config = group, split, model.config
         self.index, self.fractions = index, list(fractions)   # which shard of which split (re-staging checks)
         ranks = list(shard_ranks) if shard_ranks is not None else list(range(len(fractions)))
+        self.shard_ranks = ranks
         self.seq = SequenceSlices(fractions, ranks, group) if sequence_parallel else None
         seq = self.seq
         v0 = sum(split.vocab[:rank])

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from hcomm.parallel.tensor.comm import copy_to, reduce_from
+from hcomm.parallel.tensor.comm import all_reduce, copy_to, reduce_from
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -48,15 +48,15 @@ class _ParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, targets, start, group):
         logits = logits.float()
         peak = logits.max(dim=-1).values
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
+        all_reduce(peak, group, op=dist.ReduceOp.MAX)
         exp = torch.exp(logits - peak.unsqueeze(-1))
         total = exp.sum(dim=-1)
-        dist.all_reduce(total, group=group)
+        all_reduce(total, group)
         local = targets - start
         mine = (local >= 0) & (local < logits.shape[-1])
         index = local.clamp(0, logits.shape[-1] - 1)
         target_logit = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) * mine
-        dist.all_reduce(target_logit, group=group)
+        all_reduce(target_logit, group)
         ctx.save_for_backward(exp / total.unsqueeze(-1), index, mine)
         return torch.log(total) + peak - target_logit
 

@@ -1,0 +1,143 @@
+"""New TP fractions mid-run, with the training state: ``reshard(pm, optimizer, plan, ...)``.
+
+When a member of a TP group turns slow, moving rows between groups (``train.drift.resplit_rows``)
+leaves its shard where it is, and its group still waits for it inside every layer.  A smaller
+fraction for it changes the shape of every shard, so the state -- parameters and the optimizer's
+moments -- is put together and cut again: each TP group gathers its members' shards (one gather of
+Python objects inside the group, as the evaluation does), every rank rebuilds the whole reference
+tensors, and the new plan's ``tensor_parallelize`` cuts them; the moments are cut by the very same
+split (a model whose weights are a moment, cut like the parameters).  Values are copied, never
+recomputed: from that step on the run trains what one started with the new split would.
+
+The new plan may also regroup the ranks or reorder them inside a group: every old group holds the
+whole model, so any new layout can be cut from it.  Plans of TP groups with data parallelism across
+them (a pipeline of TP groups keeps its split: ``pipeline.restage``).  Memory: for the moment each
+rank holds the whole model's parameters and moments (3x the reference model) -- the price of not
+writing a per-tensor redistribution, paid once per re-split.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hcomm.parallel.tensor.unshard import Shard, join_shards, piece_shards
+
+
+def _state_shards(piece: nn.Module, index: int, optimizer) -> Dict[str, Dict[str, object]]:
+    """Per parameter of ``piece`` (reference names, as ``piece_shards``): its optimizer state, each
+    tensor shaped like the parameter as a ``Shard`` (cut like it), anything else as is (AdamW's step)."""
+    shards = piece_shards(piece, index)
+    out: Dict[str, Dict[str, object]] = {}
+    for module_name, module in piece.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            state = optimizer.state.get(p, {})
+            out[full] = {key: ((index, shards[full][1], value.detach().cpu().clone())
+                               if torch.is_tensor(value) and value.shape == p.shape and value.dim() else value)
+                         for key, value in state.items()}
+    return out
+
+
+def _joined(gathered: List[Dict[int, Tuple[Dict[str, Shard], Dict[str, Dict[str, object]]]]], piece: int):
+    """(whole parameters, {state key: whole tensor or the value}) of one piece from every member's shards."""
+    params = join_shards([g[piece][0] for g in gathered])
+    states: Dict[str, Dict[str, object]] = {}
+    for name in params:
+        keys = gathered[0][piece][1].get(name, {})
+        states[name] = {}
+        for key, value in keys.items():
+            if isinstance(value, tuple):
+                states[name][key] = join_shards([{name: g[piece][1][name][key]} for g in gathered])[name]
+            else:
+                states[name][key] = value
+    return params, states
+
+
+def _whole_model(config, pieces: List[Dict[str, torch.Tensor]]) -> nn.Module:
+    """The reference model with every piece's parameters from ``pieces`` (by names inside the piece)."""
+    from hcomm.models.llama import Llama, layer_modules
+
+    with torch.random.fork_rng():   # building the reference model draws initial weights: not from training's RNG
+        whole = Llama(config)
+    for i, piece in enumerate(layer_modules(whole)):
+        missing = set(_named(piece)) - set(pieces[i])
+        if missing:
+            raise ValueError(f"re-sharding: piece {i} lacks {sorted(missing)} in the gathered shards")
+        piece.load_state_dict(pieces[i], strict=False)   # buffers (rotary tables) are the model's own
+    return whole
+
+
+def _cut_like(tp_model: nn.Module, whole: nn.Module) -> nn.Module:
+    """``whole`` cut exactly as ``tp_model`` was (same group, fractions, shard): its parameters are then
+    ``whole``'s tensors in the shapes of ``tp_model``'s."""
+    from hcomm.parallel.tensor.parallelize import tensor_parallelize
+
+    return tensor_parallelize(whole, tp_model.group, tp_model.fractions, index=tp_model.index,
+                              sequence_parallel=tp_model.seq is not None, shard_ranks=tp_model.shard_ranks)
+
+
+def gather_whole(tp_model: nn.Module, optimizer) -> List[Tuple[Dict[str, torch.Tensor], Dict[str, Dict[str, object]]]]:
+    """Per piece of a TP model: (whole parameters, whole optimizer state) by the names inside the piece,
+    on every member of its group (collective over the group)."""
+    from hcomm.models.llama import layer_modules
+
+    mine = {i: (piece_shards(piece, tp_model.index), _state_shards(piece, tp_model.index, optimizer))
+            for i, piece in enumerate(layer_modules(tp_model))}
+    gathered: List = [None] * dist.get_world_size(tp_model.group)
+    dist.all_gather_object(gathered, mine, group=tp_model.group)
+    return [_joined(gathered, i) for i in range(len(mine))]
+
+
+def whole_model(tp_model: nn.Module) -> nn.Module:
+    """The reference model from a TP model's shards (collective over its group)."""
+    return _whole_model(tp_model.config, [params for params, _ in gather_whole(tp_model, _NoState())])
+
+
+class _NoState:
+    state: dict = {}
+
+
+def reshard(pm, optimizer, plan, build_optimizer: Callable, lr: float):
+    """``pm``'s training state cut for ``plan``'s TP groups and fractions (same world and model): (new
+    ParallelModel, new optimizer).  Every rank calls it with the same plan; the old ``pm`` is closed."""
+    from hcomm.models.llama import layer_modules
+    from hcomm.parallel.parallelize import parallelize
+
+    if pm.pipe is not None or plan.pipeline_groups() or not plan.tensor_groups() or not pm.plan.tensor_groups():
+        raise ValueError("re-sharding moves the TP split of plans of TP groups without a pipeline (a pipeline of "
+                         "TP groups re-stages its layers instead)")
+    tp_model = pm.model
+    joined = gather_whole(tp_model, optimizer)
+    scale = pm.precision.loss_scale if pm.precision is not None else None
+    steps, groups, config = pm.steps, pm.groups, tp_model.config
+    pm.close()
+    whole = _whole_model(config, [params for params, _ in joined])
+    new = parallelize(whole, plan, groups)
+    new.steps = steps
+    if new.precision is not None and scale is not None and new.precision.loss_scale is not None:
+        new.precision.loss_scale = scale   # an fp16 run's dynamic loss scale goes on where it was
+    new_optimizer = build_optimizer(new.parameters(), lr)
+    states = [piece_states for _, piece_states in joined]
+    keys = sorted({k for piece_states in states for state in piece_states.values()
+                   for k, v in state.items() if torch.is_tensor(v) and v.dim()})
+    moments = {}   # key -> per piece, the new shards of that moment by the piece's parameter names
+    for key in keys:
+        model = _whole_model(config, [{n: state[key] for n, state in piece_states.items()} for piece_states in states])
+        moments[key] = [_named(piece) for piece in layer_modules(_cut_like(new.model, model))]
+    held = {id(p) for p in new.parameters()}
+    for i, piece in enumerate(layer_modules(new.model)):
+        for name, p in _named(piece).items():
+            if id(p) in held and states[i].get(name):
+                new_optimizer.state[p] = {key: moments[key][i][name].detach().clone() if key in moments else
+                                          (value.clone() if torch.is_tensor(value) else value)
+                                          for key, value in states[i][name].items()}
+    return new, new_optimizer
+
+
+def _named(piece: nn.Module) -> Dict[str, nn.Parameter]:
+    """A piece's parameters by their names inside it (``unshard.piece_shards``'s names)."""
+    return {f"{m}.{n}" if m else n: p for m, module in piece.named_modules()
+            for n, p in module.named_parameters(recurse=False)}
