@@ -13,8 +13,10 @@ pipeline re-cuts its layers and moves their state, ``pipeline.restage``) and not
 ``train-straggler-pp<N>-<date>.md``.
 
 ``--zero N`` / ``--tp T``: the same with auto ZeRO-N or auto TP groups of T (watched by default, like
-data parallelism: only rows move -- a ZeRO rank runs fewer rounds, a TP group's rows move as one);
-writes ``train-straggler-zero<N>-<date>.md`` / ``train-straggler-tp<T>-<date>.md``.
+data parallelism: a ZeRO rank runs fewer rounds, only rows move; TP groups move rows as one or, where
+the planner predicts it pays for the move, give the slow member a smaller shard, ``tensor.reshard``);
+writes ``train-straggler-zero<N>-<date>.md`` / ``train-straggler-tp<T>-<date>.md``.  ``--pp N --tp T``:
+a pipeline of TP groups, re-cut as the pipeline of its groups.
 
 Writes ``benchmarks/results/train-straggler-<date>.md`` (+ JSON and plot).  Needs root (emulator).
 """
@@ -134,6 +136,8 @@ def write(doc, events, stem: str, date: str, log, plans: str) -> None:
                 lines.append(f"- {name}: after step {r['after_steps']} {r.get('what', 're-cut')}: the state moved "
                              f"in {r['moved_s']:.2f} s, once (in the tokens/s, not in the ms/step above); "
                              f"predicted step on the plan chosen {r['predicted_ms']:.0f} ms")
+            if r.get("phases_s"):   # a TP re-shard: where the move's seconds went on rank 0
+                lines.append("  - the move on rank 0: " + ", ".join(f"{k} {v:.2f} s" for k, v in r["phases_s"].items()))
             for o in r.get("options", []):
                 lines.append(f"  - option {o['what']}: predicted {o['step_ms']:.0f} ms per step"
                              + (f" + {o['move_s']:.2f} s to move" if o["move_s"] else ""))

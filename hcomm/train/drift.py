@@ -138,7 +138,8 @@ def reshard_tensor(pm, optimizer, replanner, per_sample: List[float], counts: Li
     return pm, optimizer, {"after_steps": after, "drifted": drifted, "drift": [drift[r] for r in drifted],
                            "what": "re-sharded", "ms_per_sample": [s * 1e3 for s in per_sample], "from": before,
                            "to": now, "predicted_ms": (plan.predicted_step_s or math.nan) * 1e3,
-                           "moved_s": moved_s, "options": options}
+                           "moved_s": moved_s, "options": options,
+                           "phases_s": getattr(pm, "reshard_phases", {})}
 
 
 def _tp_layout(plan) -> List[list]:

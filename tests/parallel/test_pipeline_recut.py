@@ -24,7 +24,7 @@ import math
 import numpy as np
 import pytest
 
-from hcomm.parallel.plan import GroupPlan, Plan, PlanError, RankPlan
+from hcomm.parallel.plan import GroupPlan, Plan, RankPlan
 from tests.parallel import recut_cases
 from tests.parallel.train_runs import assert_reference_losses, train_local
 

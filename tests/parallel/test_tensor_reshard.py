@@ -86,7 +86,8 @@ def test_a_slow_member_gets_a_smaller_shard_when_it_pays_for_the_move():
     before.dp_group().straggler_margin = 0.3
     assert [g.ranks for g in before.tensor_groups()] == [[0, 1], [2, 3]] and before.ranks[0].tp_fraction > 0.5
     after = TensorReplanner(v, _make).replan(before, [4.0, 1.0, 1.0, 1.0], steps_left=100)
-    assert after.notes[0].startswith(f"{SHARDS}: at the drifted speeds, for the 100 steps left: {ROWS} "), after.notes[0]
+    assert after.notes[0].startswith(f"{SHARDS}: at the drifted speeds, for the 100 steps left: {ROWS} "), \
+        after.notes[0]
     assert after.ranks[0].tp_fraction < 0.5 and after.tensor_group_of(0).ranks == [1, 0]
     assert after.name == "auto@tp=2" and after.dp_group().straggler_margin == 0.3
     drifted = slowed_view(v, [4.0, 1.0, 1.0, 1.0])
@@ -95,6 +96,13 @@ def test_a_slow_member_gets_a_smaller_shard_when_it_pays_for_the_move():
     state = 4 * 3 * 2**20 + 3 * 4 * 32
     small = min(before.ranks[0].tp_fraction, before.ranks[1].tp_fraction)
     assert reshard_seconds(drifted, before) == pytest.approx(1e-4 + int((1 - small) * state) / 1e9, rel=1e-12)
+    # with a measured host cost of messages (1e-3 s + bytes / 1e8 of a rank's CPU): 5 passes over the
+    # state on each member, the 4x slower rank 0 at a quarter of its speed
+    import dataclasses
+
+    hosted = dataclasses.replace(drifted, links=dict(drifted.links, **{"host@intra": (1e-3, 1e8)}))
+    assert reshard_seconds(hosted, before, [4.0, 1.0, 1.0, 1.0]) == pytest.approx(
+        1e-4 + int((1 - small) * state) / 1e9 + 5 * (1e-3 + state / 1e8) * 4.0, rel=1e-12)
 
     slow_links = _tp_view(state_mib=256, beta=1e7)   # a move of minutes
     kept = TensorReplanner(slow_links, _make).replan(_make(slow_links, before), [4.0, 1.0, 1.0, 1.0], steps_left=1)

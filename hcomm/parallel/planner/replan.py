@@ -169,12 +169,7 @@ class PipelineReplanner:
         if groups is not None:
             expanded = expand(chosen, groups, fractions, self.view)
             expanded.notes, chosen = chosen.notes, expanded
-        for old_rank, new_rank in zip(plan.ranks, chosen.ranks):   # a rank's dtype is its device's
-            new_rank.compute_dtype = old_rank.compute_dtype
-        dp, new_dp = plan.dp_group(), chosen.dp_group()
-        new_dp.straggler_margin, new_dp.straggler_patience = dp.straggler_margin, dp.straggler_patience
-        chosen.name = plan.name
-        return chosen
+        return keep_identity(plan, chosen)
 
     def _choose(self, plan, view, share: float, steps_left: Optional[int]):
         """The option of least predicted cost on ``view`` (ranks, or TP groups as devices), its first note
@@ -197,16 +192,32 @@ class PipelineReplanner:
         except ValueError as error:   # the planner finds nothing at these speeds: the other options stand
             refused = f"; re-plan refused: {str(error).splitlines()[0][:200]}"
 
-        def total(option):   # no count given: the faster step wins, the smaller move breaks a tie
-            _, p, move = option
-            return (p.predicted_step_s * steps_left + move, 0.0) if steps_left is not None else \
-                (p.predicted_step_s, move)
-        what, chosen, _ = min(options, key=total)
-        # for the run's record: (what, predicted step seconds, predicted move seconds) of each option
-        self.options = [(label, p.predicted_step_s, move) for label, p, move in options]
-        left = f"for the {steps_left} steps left" if steps_left is not None else "per step"
-        chosen.notes = [f"{what}: at the drifted speeds, {left}: " + "; ".join(
-            f"{label} {p.predicted_step_s * 1e3:.0f} ms per step" + (f" + {move:.2f} s to move" if move else "")
-            for label, p, move in options) + refused, *chosen.notes]
+        chosen, self.options = weigh(options, steps_left, refused)
         return chosen
 
+
+def keep_identity(plan, chosen):
+    """``chosen`` as the run's plan goes on: ``plan``'s name, straggler watch and each rank's dtype (its
+    device's)."""
+    for old_rank, new_rank in zip(plan.ranks, chosen.ranks):
+        new_rank.compute_dtype = old_rank.compute_dtype
+    dp, new_dp = plan.dp_group(), chosen.dp_group()
+    new_dp.straggler_margin, new_dp.straggler_patience = dp.straggler_margin, dp.straggler_patience
+    chosen.name = plan.name
+    return chosen
+
+
+def weigh(options, steps_left: Optional[int], refused: str = ""):
+    """The least costly of ``options`` -- (label, plan with its predicted step, predicted move seconds) --
+    for ``steps_left`` steps (None: the faster step wins, the smaller move breaks a tie), its first note
+    listing what each would cost; and (label, step seconds, move seconds) of each, for the run's record."""
+    def total(option):
+        _, p, move = option
+        return (p.predicted_step_s * steps_left + move, 0.0) if steps_left is not None else \
+            (p.predicted_step_s, move)
+    what, chosen, _ = min(options, key=total)
+    left = f"for the {steps_left} steps left" if steps_left is not None else "per step"
+    chosen.notes = [f"{what}: at the drifted speeds, {left}: " + "; ".join(
+        f"{label} {p.predicted_step_s * 1e3:.0f} ms per step" + (f" + {move:.2f} s to move" if move else "")
+        for label, p, move in options) + refused, *chosen.notes]
+    return chosen, [(label, p.predicted_step_s, move) for label, p, move in options]

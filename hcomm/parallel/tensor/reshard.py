@@ -17,6 +17,7 @@ writing a per-tensor redistribution, paid once per re-split.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Dict, List, Tuple
 
 import torch
@@ -109,13 +110,24 @@ def reshard(pm, optimizer, plan, build_optimizer: Callable, lr: float):
     if pm.pipe is not None or plan.pipeline_groups() or not plan.tensor_groups() or not pm.plan.tensor_groups():
         raise ValueError("re-sharding moves the TP split of plans of TP groups without a pipeline (a pipeline of "
                          "TP groups re-stages its layers instead)")
+    clock = time.perf_counter()
+    phases = {}
+
+    def phase(name):   # where the seconds go (the run's record shows them beside the predicted move)
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - clock
+        clock = now
     tp_model = pm.model
     joined = gather_whole(tp_model, optimizer)
+    phase("gather")
     scale = pm.precision.loss_scale if pm.precision is not None else None
     steps, groups, config = pm.steps, pm.groups, tp_model.config
     pm.close()
     whole = _whole_model(config, [params for params, _ in joined])
+    phase("rebuild")
     new = parallelize(whole, plan, groups)
+    phase("cut")
     new.steps = steps
     if new.precision is not None and scale is not None and new.precision.loss_scale is not None:
         new.precision.loss_scale = scale   # an fp16 run's dynamic loss scale goes on where it was
@@ -127,6 +139,7 @@ def reshard(pm, optimizer, plan, build_optimizer: Callable, lr: float):
     for key in keys:
         model = _whole_model(config, [{n: state[key] for n, state in piece_states.items()} for piece_states in states])
         moments[key] = [_named(piece) for piece in layer_modules(_cut_like(new.model, model))]
+        phase("moments")
     held = {id(p) for p in new.parameters()}
     for i, piece in enumerate(layer_modules(new.model)):
         for name, p in _named(piece).items():
@@ -134,6 +147,8 @@ def reshard(pm, optimizer, plan, build_optimizer: Callable, lr: float):
                 new_optimizer.state[p] = {key: moments[key][i][name].detach().clone() if key in moments else
                                           (value.clone() if torch.is_tensor(value) else value)
                                           for key, value in states[i][name].items()}
+    phase("optimizer")
+    new.reshard_phases = phases
     return new, new_optimizer
 
 
