@@ -57,17 +57,20 @@ def _joined(gathered: List[Dict[int, Tuple[Dict[str, Shard], Dict[str, Dict[str,
     return params, states
 
 
-def _whole_model(config, pieces: List[Dict[str, torch.Tensor]]) -> nn.Module:
-    """The reference model with every piece's parameters from ``pieces`` (by names inside the piece)."""
+def _whole_model(config, pieces: List[Dict[str, torch.Tensor]], fill_missing: bool = False) -> nn.Module:
+    """The reference model with every piece's parameters from ``pieces`` (by names inside the piece);
+    ``fill_missing``: a parameter not given is zeros (a moment of a parameter that has no optimizer state
+    yet: it gets none after the cut either), else a ValueError naming it."""
     from hcomm.models.llama import Llama, layer_modules
 
     with torch.random.fork_rng():   # building the reference model draws initial weights: not from training's RNG
         whole = Llama(config)
     for i, piece in enumerate(layer_modules(whole)):
         missing = set(_named(piece)) - set(pieces[i])
-        if missing:
+        if missing and not fill_missing:
             raise ValueError(f"re-sharding: piece {i} lacks {sorted(missing)} in the gathered shards")
-        piece.load_state_dict(pieces[i], strict=False)   # buffers (rotary tables) are the model's own
+        given = dict(pieces[i], **{n: torch.zeros_like(p) for n, p in _named(piece).items() if n in missing})
+        piece.load_state_dict(given, strict=False)   # buffers (rotary tables) are the model's own
     return whole
 
 
@@ -137,7 +140,8 @@ def reshard(pm, optimizer, plan, build_optimizer: Callable, lr: float):
                    for k, v in state.items() if torch.is_tensor(v) and v.dim()})
     moments = {}   # key -> per piece, the new shards of that moment by the piece's parameter names
     for key in keys:
-        model = _whole_model(config, [{n: state[key] for n, state in piece_states.items()} for piece_states in states])
+        model = _whole_model(config, [{n: state[key] for n, state in piece_states.items() if key in state}
+                                      for piece_states in states], fill_missing=True)
         moments[key] = [_named(piece) for piece in layer_modules(_cut_like(new.model, model))]
         phase("moments")
     held = {id(p) for p in new.parameters()}
