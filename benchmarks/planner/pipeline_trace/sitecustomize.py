@@ -10,76 +10,58 @@ it wraps torch's private schedule functions, which a torch release may rename.
     python benchmarks/planner/pipeline_trace/analyze.py
 """
 import atexit
+import builtins
 import json
 import os
 import time
 
-_ev = []
-def _install():
+_events = []
+
+
+def _traced(fn, what):
+    """``fn`` recording (kind, start, end, *details) for each call; ``what(args)`` gives kind and details."""
+    def call(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _events.append((*what(args)[:1], start, time.perf_counter(), *what(args)[1:]))
+    return call
+
+
+def _install() -> bool:
     try:
-        import torch.distributed.pipelining.schedules as s
-        import torch.distributed.pipelining.stage as st
+        import torch.distributed as dist
+        import torch.distributed.pipelining.schedules as schedules
+        import torch.distributed.pipelining.stage as stage
     except Exception:
         return False
-    ow, op = s._wait_batch_p2p, s._batch_p2p
-    def w(work):
-        t = time.perf_counter()
-        try:
-            return ow(work)
-        finally:
-            _ev.append(("wait", t, time.perf_counter(), len(work)))
-    def p(ops, desc=None):
-        t = time.perf_counter()
-        try:
-            return op(ops, desc)
-        finally:
-            _ev.append(("post", t, time.perf_counter(), len(ops)))
-    s._wait_batch_p2p, s._batch_p2p = w, p
-    import torch.distributed as dist
-    oar = dist.all_reduce
-    def ar(tensor, *a, **k):
-        t = time.perf_counter()
-        try:
-            return oar(tensor, *a, **k)
-        finally:
-            _ev.append(("AR", t, time.perf_counter(), tensor.numel() * tensor.element_size()))
-    dist.all_reduce = ar
-    base = st._PipelineStageBase
-    of, ob = base.forward_one_chunk, base.backward_one_chunk
-    def f(self, mb, *a, **k):
-        t = time.perf_counter()
-        try:
-            return of(self, mb, *a, **k)
-        finally:
-            _ev.append(("F", t, time.perf_counter(), self.stage_index, mb))
-    def b(self, mb, *a, **k):
-        t = time.perf_counter()
-        try:
-            return ob(self, mb, *a, **k)
-        finally:
-            _ev.append(("B", t, time.perf_counter(), self.stage_index, mb))
-    base.forward_one_chunk, base.backward_one_chunk = f, b
-    osm = s._PipelineSchedule.step
-    def step(self, *a, **k):
-        t = time.perf_counter()
-        try:
-            return osm(self, *a, **k)
-        finally:
-            _ev.append(("step", t, time.perf_counter()))
-    s._PipelineSchedule.step = step
+    schedules._wait_batch_p2p = _traced(schedules._wait_batch_p2p, lambda a: ("wait", len(a[0])))
+    schedules._batch_p2p = _traced(schedules._batch_p2p, lambda a: ("post", len(a[0])))
+    dist.all_reduce = _traced(dist.all_reduce, lambda a: ("AR", a[0].numel() * a[0].element_size()))
+    base = stage._PipelineStageBase
+    base.forward_one_chunk = _traced(base.forward_one_chunk, lambda a: ("F", a[0].stage_index, a[1]))
+    base.backward_one_chunk = _traced(base.backward_one_chunk, lambda a: ("B", a[0].stage_index, a[1]))
     return True
-import builtins
-_orig_import = builtins.__import__
-_done = [False]
-def _imp(name, *a, **k):
-    m = _orig_import(name, *a, **k)
-    if not _done[0] and name.startswith("hcomm.parallel.pipeline"):
-        _done[0] = _install()
-    return m
-builtins.__import__ = _imp
+
+
+_import = builtins.__import__
+_installed = [False]
+
+
+def _import_then_install(name, *args, **kwargs):   # once hcomm's pipeline is imported, torch's is too
+    module = _import(name, *args, **kwargs)
+    if not _installed[0] and name.startswith("hcomm.parallel.pipeline"):
+        _installed[0] = _install()
+    return module
+
+
+builtins.__import__ = _import_then_install
+
+
 @atexit.register
-def _report():
-    if _ev:
+def _write() -> None:
+    if _events:
         folder = os.environ.get("PIPELINE_TRACE_DIR", "/tmp")
-        with open(os.path.join(folder, f"trace-{os.environ.get('RANK')}.json"), "w") as fh:
-            json.dump(_ev, fh)
+        with open(os.path.join(folder, f"trace-{os.environ.get('RANK')}.json"), "w") as f:
+            json.dump(_events, f)
