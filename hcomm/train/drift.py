@@ -80,13 +80,9 @@ def recut_pipeline(pm, optimizer, replanner, per_sample: List[float], drift: Lis
     ``steps_left`` steps (``planner.replan``; every rank gets the choice, or its ValueError), the state
     moves to the plan chosen.  (ParallelModel, optimizer, record)."""
     from hcomm.parallel.pipeline.restage import restage
-    from hcomm.parallel.plan import Plan
-    from hcomm.train.worker import _on_rank0
 
-    factors = [1.0 + d if math.isfinite(d) else 1.0 for d in drift]
     old = pm.plan
-    text = _on_rank0(lambda: replanner.replan(old, factors, steps_left).to_yaml(), rank)
-    plan = Plan.from_yaml(text)
+    plan, options = _replanned(replanner, old, drift, steps_left, rank)
     cuts, new_cuts = _layout(old), _layout(plan)
     moved_s = 0.0
     if new_cuts != cuts:
@@ -104,9 +100,21 @@ def recut_pipeline(pm, optimizer, replanner, per_sample: List[float], drift: Lis
               "choice": plan.notes[0].split(":", 1)[0],
               "ms_per_sample": [s * 1e3 for s in per_sample], "from": cuts, "to": new_cuts,
               "predicted_ms": (plan.predicted_step_s or math.nan) * 1e3, "moved_s": moved_s}
-    if rank == 0:   # where the choice was made: each option's predicted step and move
-        record["options"] = [{"what": w, "step_ms": s * 1e3, "move_s": m} for w, s, m in replanner.options]
+    if rank == 0:
+        record["options"] = options
     return pm, optimizer, record
+
+
+def _replanned(replanner, old, drift: List[float], steps_left: int, rank: int):
+    """Rank 0's re-plan of ``old`` at the drifted speeds, on every rank (or its ValueError), and on rank 0
+    each option's predicted step and move (where the choice was made; [] elsewhere)."""
+    from hcomm.parallel.plan import Plan
+    from hcomm.train.worker import _on_rank0
+
+    factors = [1.0 + d if math.isfinite(d) else 1.0 for d in drift]
+    plan = Plan.from_yaml(_on_rank0(lambda: replanner.replan(old, factors, steps_left).to_yaml(), rank))
+    options = [{"what": w, "step_ms": s * 1e3, "move_s": m} for w, s, m in replanner.options] if rank == 0 else []
+    return plan, options
 
 
 def reshard_tensor(pm, optimizer, replanner, per_sample: List[float], counts: List[int], drift: List[float],
@@ -115,15 +123,11 @@ def reshard_tensor(pm, optimizer, replanner, per_sample: List[float], counts: Li
     (``planner.replan_tensor``; every rank gets the choice); new shards move the state
     (``tensor.reshard``), the rows re-split by the seconds just measured (``resplit_rows``).
     (ParallelModel, optimizer, record)."""
-    from hcomm.parallel.plan import Plan
     from hcomm.parallel.planner.replan_tensor import SHARDS
     from hcomm.parallel.tensor.reshard import reshard
-    from hcomm.train.worker import _on_rank0
 
-    factors = [1.0 + d if math.isfinite(d) else 1.0 for d in drift]
     old = pm.plan
-    plan = Plan.from_yaml(_on_rank0(lambda: replanner.replan(old, factors, steps_left).to_yaml(), rank))
-    options = [{"what": w, "step_ms": s * 1e3, "move_s": m} for w, s, m in replanner.options] if rank == 0 else []
+    plan, options = _replanned(replanner, old, drift, steps_left, rank)
     if not plan.notes[0].startswith(SHARDS):
         record = resplit_rows(pm, per_sample, counts, drift, drifted, after, old, rank)
         return pm, optimizer, dict(record, what="re-split", options=options)

@@ -72,11 +72,8 @@ def plan_tensor(view, global_batch: int, seq_len: int, *, tp: int, dim: int, n_l
         fr = speed_fractions(view, groups)
     else:
         fr = even_fractions(tp)
-    # seconds per row at an even share of the batch (at one row a group's fixed costs would count as per-row)
-    even = max(1, round(global_batch / len(groups)))
-    per_row = [_group_seconds(view, g, fr, even, seq_len, dim, n_layers)[0] for g in groups]
-    weights = [1.0 / s for s in per_row] if split == "auto" else [1.0] * len(groups)
-    rows = apportion(weights, global_batch)
+    rows = speed_rows(view, groups, fr, global_batch, seq_len, dim, n_layers) if split == "auto" else \
+        apportion([1.0] * len(groups), global_batch)
     capped = memory_capped(view, groups, fr, rows)
     if capped != fr:
         if split != "auto" or fractions is not None:
@@ -179,16 +176,23 @@ def _member_seconds(profile, rows: int, fraction: float) -> float:
     return fixed + (model_seconds(profile) - fixed) * rows / profile.micro_batch * fraction
 
 
+def speed_rows(view, groups: List[List[int]], fractions: Sequence[float], global_batch: int, seq_len: int,
+               dim: int, n_layers: int) -> List[int]:
+    """Each group's rows in proportion to its throughput, by its seconds per row at an even share of the
+    batch (at one row a group's fixed costs would count as per-row)."""
+    even = max(1, round(global_batch / len(groups)))
+    per_row = [_group_seconds(view, g, fractions, even, seq_len, dim, n_layers)[0] for g in groups]
+    return apportion([1.0 / s for s in per_row], global_batch)
+
+
 def rows_resplit(plan, view, dim: int, n_layers: int):
-    """``plan`` (TP groups, no pipeline) with its groups' rows apportioned again by their seconds per row on
-    ``view`` (as ``plan_tensor`` does), groups and fractions unchanged: rows move, no state."""
+    """``plan`` (TP groups, no pipeline) with its groups' rows apportioned again by their speed on ``view``
+    (``speed_rows``, as ``plan_tensor`` does), groups and fractions unchanged: rows move, no state."""
     import copy
 
     groups = [g.ranks for g in plan.tensor_groups()]
     fr = [plan.ranks[r].tp_fraction for r in groups[0]]
-    even = max(1, round(plan.global_batch / len(groups)))
-    per_row = [_group_seconds(view, g, fr, even, plan.seq_len, dim, n_layers)[0] for g in groups]
-    rows = apportion([1.0 / s for s in per_row], plan.global_batch)
+    rows = speed_rows(view, groups, fr, plan.global_batch, plan.seq_len, dim, n_layers)
     out = copy.deepcopy(plan)
     for g, n in zip(groups, rows):
         for r in g:

@@ -27,18 +27,20 @@ from torch import nn
 from hcomm.parallel.tensor.unshard import Shard, join_shards, piece_shards
 
 
-def _state_shards(piece: nn.Module, index: int, optimizer) -> Dict[str, Dict[str, object]]:
-    """Per parameter of ``piece`` (reference names, as ``piece_shards``): its optimizer state, each
-    tensor shaped like the parameter as a ``Shard`` (cut like it), anything else as is (AdamW's step)."""
-    shards = piece_shards(piece, index)
+PieceStates = Dict[str, Dict[str, object]]   # a piece's optimizer state per parameter name, by state key
+
+
+def _state_shards(piece: nn.Module, shards: Dict[str, Shard], optimizer) -> Dict[str, Dict[str, object]]:
+    """Per parameter of ``piece`` (``shards``: its ``piece_shards``): its optimizer state (none without an
+    optimizer), each tensor shaped like the parameter as a ``Shard`` cut like it, anything else as is
+    (AdamW's step)."""
     out: Dict[str, Dict[str, object]] = {}
-    for module_name, module in piece.named_modules():
-        for name, p in module.named_parameters(recurse=False):
-            full = f"{module_name}.{name}" if module_name else name
-            state = optimizer.state.get(p, {})
-            out[full] = {key: ((index, shards[full][1], value.detach().cpu().clone())
-                               if torch.is_tensor(value) and value.shape == p.shape and value.dim() else value)
-                         for key, value in state.items()}
+    for full, p in _named(piece).items():
+        index, dim, _ = shards[full]
+        state = optimizer.state.get(p, {}) if optimizer is not None else {}
+        out[full] = {key: ((index, dim, value.detach().cpu().clone())
+                           if torch.is_tensor(value) and value.shape == p.shape and value.dim() else value)
+                     for key, value in state.items()}
     return out
 
 
@@ -83,13 +85,15 @@ def _cut_like(tp_model: nn.Module, whole: nn.Module) -> nn.Module:
                               sequence_parallel=tp_model.seq is not None, shard_ranks=tp_model.shard_ranks)
 
 
-def gather_whole(tp_model: nn.Module, optimizer) -> List[Tuple[Dict[str, torch.Tensor], Dict[str, Dict[str, object]]]]:
+def gather_whole(tp_model: nn.Module, optimizer=None) -> List[Tuple[Dict[str, torch.Tensor], PieceStates]]:
     """Per piece of a TP model: (whole parameters, whole optimizer state) by the names inside the piece,
     on every member of its group (collective over the group)."""
     from hcomm.models.llama import layer_modules
 
-    mine = {i: (piece_shards(piece, tp_model.index), _state_shards(piece, tp_model.index, optimizer))
-            for i, piece in enumerate(layer_modules(tp_model))}
+    mine = {}
+    for i, piece in enumerate(layer_modules(tp_model)):
+        shards = piece_shards(piece, tp_model.index)
+        mine[i] = (shards, _state_shards(piece, shards, optimizer))
     gathered: List = [None] * dist.get_world_size(tp_model.group)
     dist.all_gather_object(gathered, mine, group=tp_model.group)
     return [_joined(gathered, i) for i in range(len(mine))]
@@ -97,11 +101,7 @@ def gather_whole(tp_model: nn.Module, optimizer) -> List[Tuple[Dict[str, torch.T
 
 def whole_model(tp_model: nn.Module) -> nn.Module:
     """The reference model from a TP model's shards (collective over its group)."""
-    return _whole_model(tp_model.config, [params for params, _ in gather_whole(tp_model, _NoState())])
-
-
-class _NoState:
-    state: dict = {}
+    return _whole_model(tp_model.config, [params for params, _ in gather_whole(tp_model, None)])
 
 
 def reshard(pm, optimizer, plan, build_optimizer: Callable, lr: float):
