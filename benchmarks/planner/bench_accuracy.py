@@ -61,11 +61,15 @@ def run_plans(preset: str, plans: list) -> list:
         print(f"   failed: {why[0]}", flush=True)
         return [dict(plan=plan, failed=why[0][:200]) for plan in plans]
     with open(path) as f:
-        runs = json.load(f)["runs"]
+        doc = json.load(f)
+    runs = doc["runs"]
     os.remove(path)
+    # the launch's measured TP meeting cost per island (ms), for the record
+    meetings = {k.split("@", 1)[1]: v[0] for k, v in doc["cluster"].get("calibration", {}).items()
+                if k.startswith("meeting@")}
     rows = []
     for plan, r in zip(plans, runs):
-        row = dict(plan=plan, predicted=r["predicted_step_s"], measured=r["measured_step_s"])
+        row = dict(plan=plan, predicted=r["predicted_step_s"], measured=r["measured_step_s"], meetings=meetings)
         trial = [n for n in r["plan"].get("notes", []) if n.startswith("trial (")]
         if trial:
             row["trial"] = trial[0]
@@ -103,6 +107,7 @@ def _median_row(plan: str, rows: list) -> dict:
     trials = [r["trial"] for r in good if r.get("trial")]
     if trials:
         row["trial"] = trials[0]
+    row["meetings"] = [r["meetings"] for r in good if r.get("meetings")]
     return row
 
 
@@ -171,7 +176,16 @@ def write(table, date: str, repeat: int = 1) -> None:
         order_pred = [r["plan"] for r in sorted(rs, key=lambda r: r["predicted"])]
         lines += [f"- order by prediction: {', '.join(order_pred)}"]
         lines += [f"- **{r['plan']} failed**: {r['failed']}" for r in every if "failed" in r]
-        lines += [f"- {r['trial']}" for r in rs if r.get("trial")] + [""]
+        lines += [f"- {r['trial']}" for r in rs if r.get("trial")]
+        launches = []   # each launch's measured meeting cost per island (a row holds one, or one per launch)
+        for r in rs:
+            for m in (r.get("meetings") if isinstance(r.get("meetings"), list) else [r.get("meetings")]):
+                if m and m not in launches:
+                    launches.append(m)
+        if launches:
+            lines += ["- TP meeting cost measured per island at launch (`calibration.meeting_s`), ms: " + "; ".join(
+                ", ".join(f"{island} {ms:.1f}" for island, ms in m.items()) for m in launches)]
+        lines += [""]
     chosen = []
     for preset, every in table.items():
         rs = [r for r in every if "failed" not in r]

@@ -148,7 +148,8 @@ def describe(factors: Dict[str, Sequence[float]]) -> str:
     return f"collectives measured / predicted at {_sizes(CALIBRATION_BYTES)}: " + "; ".join(
         f"{name} " + "/".join(f"{r:.2f}" for r in ratios) + (
             f" (at {_sizes(P2P_BYTES)})" if name.startswith("p2p@") else
-            f" (ms at {_sizes(P2P_BYTES)})" if name.startswith("host@") else "")
+            f" (ms at {_sizes(P2P_BYTES)})" if name.startswith("host@") else
+            " (ms per meeting)" if name.startswith("meeting@") else "")
         for name, ratios in factors.items())
 
 
@@ -274,3 +275,55 @@ def overlap_slowdown(group, window: float) -> float:
         w.wait()
     beside = _slowest((time.perf_counter() - start) / calls, group)
     return min(max(beside / max(alone, 1e-9), OVERLAP_BOUNDS[0]), OVERLAP_BOUNDS[1])
+
+
+# --- meeting points (a TP group's collectives between its members' computation) -----------------------
+
+MEETING_BYTES = 512 << 10     # a TP all-reduce of the small model's activations (8 rows x 64 x 256 fp32)
+MEETING_COMPUTE_S = 0.02      # each member's computation between two meetings (a block's half on the small model)
+MEETING_ROUNDS = (16, 64)
+MEETING_BOUNDS = (0.0, 0.1)
+
+
+def meeting_s(group, window: float, allreduce_s: AllReduceTime) -> float:
+    """Seconds one meeting point of ``group`` costs beyond the computation and ``allreduce_s`` (the view's
+    all-reduce curve for the group): rounds of "compute about ``MEETING_COMPUTE_S`` at this rank's own
+    speed, then all-reduce ``MEETING_BYTES``", the mean round less the slowest member's mean computation
+    in those same rounds and the curve at ``MEETING_BYTES`` (every rank gets the same).
+
+    A TP group meets in every layer (4 all-reduces per block and step), each member's computation cut to
+    end with the others'.  Where the members' time is shared out in slices (an emulated rank's CPU quota
+    per 4-7 ms period, a crowded host's scheduler) they do not arrive together: the first waits for the
+    last, and an all-reduce that starts with the quota spent waits for the next period; the all-reduce
+    timed back to back sees neither.  Traced on ``mixed`` (pipeline of TP groups, 2026-12-06): chunks
+    1-13 ms per meeting above their computation and all-reduces.  The computation is timed inside the
+    rounds, not from a separate rate: on 0.2-0.5 of a core a rate measured apart moved by more than the
+    effect (meetings of -3.8 to +8.8 ms from one loop).  On devices that run their kernels alone the
+    rounds equal their parts and this is ~0."""
+    import hcomm
+
+    x = torch.randn(256, 256)
+
+    def work():
+        nonlocal x
+        x = torch.tanh(x @ x)
+
+    start, done = time.perf_counter(), 0
+    while time.perf_counter() - start < window / 2 or done < 2:   # a rough rate: how many per round
+        work()
+        done += 1
+    iters = max(1, round(done / (time.perf_counter() - start) * MEETING_COMPUTE_S))
+    t = torch.ones(MEETING_BYTES // 4)
+    lo, hi = MEETING_ROUNDS
+    rounds = max(lo, min(hi, int(8 * window / _slowest(MEETING_COMPUTE_S + allreduce_s(MEETING_BYTES), group))))
+    computing = 0.0
+    start = time.perf_counter()
+    for _ in range(rounds):
+        began = time.perf_counter()
+        for _ in range(iters):
+            work()
+        computing += time.perf_counter() - began
+        hcomm.all_reduce(t, group=group)
+    per_round = _slowest((time.perf_counter() - start) / rounds, group)
+    excess = per_round - _slowest(computing / rounds, group) - allreduce_s(MEETING_BYTES)
+    return min(max(excess, MEETING_BOUNDS[0]), MEETING_BOUNDS[1])

@@ -44,6 +44,9 @@ class ClusterView:
     # each rank's profile measured again under the autocast of its kind's best low-precision dtype
     # (``--precision search``; empty when not measured): ``planner.dtypes`` weighs the two
     low_precision_profiles: List = field(default_factory=list)
+    # per island, the seconds a meeting point of its ranks costs beyond the computation and the collective
+    # (``calibration.meeting_s``; empty: not measured, nothing): every TP collective pays it
+    island_meeting_s: List[float] = field(default_factory=list)
 
     def p2p_s(self, a: int, b: int, nbytes: int) -> float:
         """Seconds to send ``nbytes`` from rank a to rank b: the alpha-beta model of the tier joining them
@@ -184,8 +187,11 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
             sample_sharded(island_group, "reduce_scatter_v")] if island_group is not None else [zeros] * 3
     island_ratios = calibration.corrections(island_group, list(zip(ops, map(interpolated, mine))), window) \
         if island_group is not None and window > 0 else ones
+    meeting = calibration.meeting_s(island_group, window, calibration.corrected(interpolated(mine[0]),
+                                                                                island_ratios[0])) \
+        if island_group is not None and window > 0 and dist.get_world_size(island_group) > 1 else 0.0
     gathered: List = [None] * dist.get_world_size(default_group)
-    dist.all_gather_object(gathered, (mine, island_ratios), group=default_group)
+    dist.all_gather_object(gathered, (mine, island_ratios, meeting), group=default_group)
     island_predictors = [[calibration.corrected(interpolated(gathered[members[0]][0][k]),
                                                 gathered[members[0]][1][k]) for members in topo.islands]
                          for k in range(3)]
@@ -209,6 +215,8 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
         if island_group is not None:
             measured.update({f"{op}@{names[i]}": gathered[m[0]][1][k] for i, m in enumerate(topo.islands)
                              for k, op in enumerate(ops)})
+            measured.update({f"meeting@{names[i]}": [1e3 * gathered[m[0]][2]] for i, m in enumerate(topo.islands)
+                             if len(m) > 1})
     return ClusterView(
         devices=[r.device for r in topo.ranks], islands=[list(m) for m in topo.islands],
         profiles=list(profiles), allreduce_s=calibration.corrected(whole[0], ratios[0]),
@@ -223,4 +231,5 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
         # correction is the best measurement there is for it
         compressed_allreduce_s={c: calibration.corrected(interpolated(sample_compressed(hcomm_group, c)), ratios[0])
                                 for c in sorted(set(compressions) - {"", "none"})},
-        calibration=measured, overlap_slowdown=slowdown)
+        calibration=measured, overlap_slowdown=slowdown,
+        island_meeting_s=[gathered[m[0]][2] for m in topo.islands])

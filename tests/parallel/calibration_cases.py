@@ -23,6 +23,7 @@ def case_discover(ctx, islands, window: float):
         values = {op: [(curves[op](n), model[op](n)) for n in sizes] for op in model}
         plain = discover(groups.default, groups.hcomm, groups.island, profiles=[None] * ctx.world,
                          optimizer_s=[0.0] * ctx.world, calibrate_s=0.0)
-        return view.calibration, values, plain.calibration, [plain.allreduce_s(n) for n in sizes]
+        return (view.calibration, values, plain.calibration, [plain.allreduce_s(n) for n in sizes],
+                (view.island_meeting_s, plain.island_meeting_s))
     finally:
         dist.destroy_process_group()

@@ -39,6 +39,8 @@ def test_describe_names_every_curve_and_size():
     assert text == ("collectives measured / predicted at 64 KiB/1 MiB/8 MiB: all_reduce 2.00/1.50/1.00; "
                     "all_reduce@a100 41.20/9.55/2.78; p2p@intra 12.50/3.00 (at 64 KiB/1 MiB); "
                     "host@intra 0.35/1.10 (ms at 64 KiB/1 MiB)")
+    assert calibration.describe({"meeting@a100": [2.5]}) == (
+        "collectives measured / predicted at 64 KiB/1 MiB/8 MiB: meeting@a100 2.50 (ms per meeting)")
 
 
 def test_link_fit_goes_through_both_sizes():
@@ -94,15 +96,20 @@ def test_unknown_collective_is_refused():
 
 def test_live_discovery_gives_every_rank_one_calibrated_view(pool4):
     out = pool4.run(calibration_cases.case_discover, ["a", "a", "b", "b"], 0.02)
-    ratios, values, plain, plain_values = out[0]
+    ratios, values, plain, plain_values, meetings = out[0]
     for other in out[1:]:   # the same view everywhere: the slowest rank's mean is agreed by all
         assert other[0] == ratios
     names = {f"{op}{suffix}" for op in calibration.OPS for suffix in ("", "@a", "@b")}
     assert set(ratios) == names | {"p2p@intra", "p2p@inter", "host@intra", "host@inter",
-                                   "all_reduce beside compute"}
+                                   "all_reduce beside compute", "meeting@a", "meeting@b"}
     for name, rs in ratios.items():
         sizes = calibration.P2P_BYTES if name.startswith(("p2p@", "host@")) else CALIBRATION_BYTES
-        assert len(rs) == (1 if name == "all_reduce beside compute" else len(sizes)), name
+        single = name == "all_reduce beside compute" or name.startswith("meeting@")
+        assert len(rs) == (1 if single else len(sizes)), name
+        if name.startswith("meeting@"):   # ms beyond the computation and the all-reduce: none or some
+            low, high = calibration.MEETING_BOUNDS
+            assert 1e3 * low <= rs[0] <= 1e3 * high, (name, rs)
+            continue
         assert all(r > 0 for r in rs), (name, rs)
         if name == "all_reduce beside compute":
             assert calibration.OVERLAP_BOUNDS[0] <= rs[0] <= calibration.OVERLAP_BOUNDS[1]
@@ -117,3 +124,5 @@ def test_live_discovery_gives_every_rank_one_calibrated_view(pool4):
     # with the window at 0 nothing is measured and the curves are the model's
     assert plain == {}
     assert [v for v in plain_values] == [m for _, m in values["all_reduce"]]
+    assert meetings[0] == pytest.approx([ratios["meeting@a"][0] / 1e3, ratios["meeting@b"][0] / 1e3], rel=1e-12)
+    assert meetings[1] == [0.0, 0.0]

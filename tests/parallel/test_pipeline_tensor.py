@@ -121,6 +121,17 @@ def test_group_profile_by_hand():
     # rank 0: 0.01 + (0.1/3 - 0.01) x 2/3; rank 1 (half speed): 0.02 + (0.2/3 - 0.02) x 1/3 -- slower
     assert fixed.layers[1].fwd_s == pytest.approx(0.02 + (0.2 / 3 - 0.02) / 3 + 2 * full)
     assert fixed.layers[1].fwd_fixed_s == pytest.approx(0.02 + 2 * (1e-3 + 1024 / 1e9))
+    # a measured 4 ms per meeting point: one per all-reduce, the loss's three sums one meeting; none
+    # shrinks with the rows (fixed)
+    v.island_meeting_s = [4e-3]
+    met = group_profile(v, [0, 1], [2 / 3, 1 / 3], 0, seq_len=16, dim=32)
+    meetings = [(1, 0)] + [(2, 2)] * 6 + [(0, 0), (1, 1)]   # embedding, 6 blocks, norm, head
+    assert len(met.layers) == len(meetings)
+    for i, (fwd, bwd) in enumerate(meetings):
+        assert met.layers[i].fwd_s == pytest.approx(fixed.layers[i].fwd_s + fwd * 4e-3), i
+        assert met.layers[i].bwd_s == pytest.approx(fixed.layers[i].bwd_s + bwd * 4e-3), i
+        assert met.layers[i].fwd_fixed_s == pytest.approx(fixed.layers[i].fwd_fixed_s + fwd * 4e-3), i
+        assert met.layers[i].bwd_fixed_s == pytest.approx(fixed.layers[i].bwd_fixed_s + bwd * 4e-3), i
     # memory: the tightest member's budget over its fraction; activations scaled so the member with the
     # smallest fraction (1/3) fits its own: 10/34 replicated + 24/34 x 1/3, checked as 1/3 of the group's
     assert p.memory_budget_bytes == int((8 << 30) / (2 / 3))

@@ -134,6 +134,15 @@ def group_allreduce_s(view, ranks: Sequence[int], nbytes: int, spanning: Optiona
     return 2 * (n - 1) * hop
 
 
+def meeting_s(view, ranks: Sequence[int]) -> float:
+    """Seconds each meeting point of ``ranks`` (a TP collective between their computations) costs beyond
+    the collective: the measured spread of their arrivals (``calibration.meeting_s``), the worst of their
+    islands'; 0 where not measured."""
+    if len(ranks) < 2 or not view.island_meeting_s:
+        return 0.0
+    return max(view.island_meeting_s[view.island_of(r)] for r in ranks)
+
+
 def side_by_side_allreduce_s(view, jobs: Sequence[Tuple[Sequence[int], int]],
                              spanning: Optional[AllReduceTime] = None) -> float:
     """Seconds until the last of several all-reduces issued at the same time finishes; ``jobs``: (ranks,

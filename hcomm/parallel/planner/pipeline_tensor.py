@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from hcomm.parallel.cluster import ClusterView
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan
-from hcomm.parallel.planner.cost import group_allreduce_s
+from hcomm.parallel.planner.cost import group_allreduce_s, meeting_s
 from hcomm.parallel.planner.pipeline import plan_pipeline
 from hcomm.parallel.planner.tensor import LOSS_ALLREDUCES, even_fractions, speed_fractions, tensor_groups
 from hcomm.parallel.profile import DeviceProfile, LayerCost
@@ -53,7 +53,8 @@ def _kind(index: int, n_pieces: int) -> str:
 def group_profile(view, group: Sequence[int], fractions: Sequence[float], index: int, seq_len: int,
                   dim: int) -> DeviceProfile:
     """One TP group as a device: per piece, the slowest member's share plus the piece's all-reduces (of
-    micro_batch x seq x dim fp32; the head's loss adds three of micro_batch x seq fp32); memory: the
+    micro_batch x seq x dim fp32; the head's loss adds three of micro_batch x seq fp32) and a meeting of
+    the members at each (``cost.meeting_s``); memory: the
     budget is the tightest member's over its fraction, the activations scaled so that each member's own
     share fits it (``activation_scale``).
 
@@ -64,23 +65,25 @@ def group_profile(view, group: Sequence[int], fractions: Sequence[float], index:
     mb = profiles[0].micro_batch
     full, small, loss = (group_allreduce_s(view, group, n) for n in (mb * seq_len * dim * 4, 1024,
                                                                       mb * seq_len * 4))
+    meet = meeting_s(view, group)
     n = len(profiles[0].layers)
     layers = []
     for i, base in enumerate(profiles[0].layers):
         fwd_n, bwd_n = ALLREDUCES[_kind(i, n)]
         fwd_loss = LOSS_ALLREDUCES if _kind(i, n) == "head" else 0
+        fwd_meets, bwd_meets = fwd_n + (fwd_loss > 0), bwd_n   # the loss's sums back to back: one meeting
         cost = [(p.layers[i], p.micro_batch) for p in profiles]
         layers.append(LayerCost(
             f"{base.name}/tp{len(group)}",
             fwd_s=max(c.fwd_fixed_s + (c.fwd_at(mb, m) - c.fwd_fixed_s) * f for (c, m), f in zip(cost, fractions))
-            + fwd_n * full + fwd_loss * loss,
+            + fwd_n * full + fwd_loss * loss + fwd_meets * meet,
             bwd_s=max(c.bwd_fixed_s + (c.bwd_at(mb, m) - c.bwd_fixed_s) * f for (c, m), f in zip(cost, fractions))
-            + bwd_n * full,
+            + bwd_n * full + bwd_meets * meet,
             param_bytes=base.param_bytes, grad_bytes=base.grad_bytes, optim_bytes=base.optim_bytes,
             act_bytes_per_sample=int(base.act_bytes_per_sample * activation_scale(fractions)),
-            # launches do not shrink with the rows; an all-reduce's latency does not shrink with the rows
-            fwd_fixed_s=max(c.fwd_fixed_s for c, _ in cost) + (fwd_n + fwd_loss) * small,
-            bwd_fixed_s=max(c.bwd_fixed_s for c, _ in cost) + bwd_n * small))
+            # launches, an all-reduce's latency and the members' meeting do not shrink with the rows
+            fwd_fixed_s=max(c.fwd_fixed_s for c, _ in cost) + (fwd_n + fwd_loss) * small + fwd_meets * meet,
+            bwd_fixed_s=max(c.bwd_fixed_s for c, _ in cost) + bwd_n * small + bwd_meets * meet))
     budget = min(p.memory_budget_bytes / f for p, f in zip(profiles, fractions))
     return DeviceProfile(rank=index, device="+".join(p.device for p in profiles), micro_batch=mb, seq_len=seq_len,
                          layers=layers, memory_budget_bytes=int(budget), baseline_bytes=0,

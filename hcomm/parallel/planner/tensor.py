@@ -12,7 +12,8 @@ all-reduce the same shard's gradients).
 Predicted step: the slowest group's compute (each rank's profile scaled by
 its rows and fraction; the slowest member sets the pace), plus the TP
 all-reduces (two per block forward, two backward, one for the embedding and
-one for the head's input gradient, each of rows x seq x dim fp32), plus the
+one for the head's input gradient, each of rows x seq x dim fp32, and the
+spread of the members' arrivals at each: ``cost.meeting_s``), plus the
 gradient all-reduce across groups and the optimizer.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
-from hcomm.parallel.planner.cost import group_allreduce_s, side_by_side_allreduce_s
+from hcomm.parallel.planner.cost import group_allreduce_s, meeting_s, side_by_side_allreduce_s
 from hcomm.parallel.planner.pipeline import model_seconds, rank_speed
 
 # The vocabulary-parallel cross entropy sums three per-token fp32 vectors forward: the max, the sum of
@@ -162,10 +163,13 @@ def _group_seconds(view, group: Sequence[int], fractions: Sequence[float], rows:
     A member computes the group's rows in one micro-batch: its fixed part whole (every member runs every
     piece, however thin its shard; 0 where not measured) plus its fraction of the per-row part.  The
     all-reduces: two per block forward and two backward, the embedding's forward, the head's input
-    gradient (rows x seq x dim fp32 each), and the loss's three per-token sums (rows x seq fp32)."""
+    gradient (rows x seq x dim fp32 each), and the loss's three per-token sums (rows x seq fp32); each
+    between computations a meeting point of the members (``cost.meeting_s``; the loss's three back to back
+    one meeting)."""
     compute = [_member_seconds(view.profiles[r], rows, f) for r, f in zip(group, fractions)]
     comm = ((4 * n_layers + 2) * group_allreduce_s(view, group, rows * seq_len * dim * 4)
-            + LOSS_ALLREDUCES * group_allreduce_s(view, group, rows * seq_len * 4)) if len(group) > 1 and rows else 0.0
+            + LOSS_ALLREDUCES * group_allreduce_s(view, group, rows * seq_len * 4)
+            + (4 * n_layers + 3) * meeting_s(view, group)) if len(group) > 1 and rows else 0.0
     return (max(compute) + comm) / max(rows, 1), max(compute), comm
 
 

@@ -19,7 +19,7 @@ slowest rank's compute is used.
 from __future__ import annotations
 
 import math
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 from hcomm.parallel.planner.cost import beside_compute, side_by_side_allreduce_s
 
