@@ -43,6 +43,17 @@ def _backend(group=None, device: Optional[torch.device] = None):
     return backend
 
 
+def uses_hcomm(group=None) -> bool:
+    """Whether ``group`` (default: the default group) runs its CPU tensors on the hcomm backend."""
+    from hcomm import _C
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    try:
+        return isinstance(pg._get_backend(torch.device("cpu")), _C.ProcessGroupHComm)
+    except RuntimeError:   # no backend for the CPU on this group
+        return False
+
+
 def _translated(fn):
     """Re-raise torch's errors from hcomm groups as HCommError / HCommValueError."""
 

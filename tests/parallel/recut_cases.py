@@ -77,3 +77,24 @@ def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind
         return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, exact, mine
     finally:
         dist.destroy_process_group()
+
+
+def case_gather_flat(ctx, backend: str):
+    """``tensor.reshard._gather_flat`` over every rank of the pool on a ``backend`` group: rank r sends
+    uneven shards (r + 1 rows), an odd-length bf16 tensor before an fp32 one (the buffer's alignment)
+    and a plain value; returns what it got, as plain lists."""
+    from hcomm.parallel.tensor.reshard import _gather_flat
+
+    dp_cases._init(ctx, None)
+    try:
+        group = dist.new_group(backend=backend)
+        r = ctx.rank
+        odd = torch.arange(2 * r + 3, dtype=torch.bfloat16)
+        rows = torch.full((r + 1, 3), float(r)) + torch.arange(3.0)
+        mine = {0: ({"w": (r, 0, rows), "n": (r, None, odd)}, {"w": {"m": (r, 0, -rows), "step": 7 + r}})}
+        got = _gather_flat(mine, group)
+        return [{"w": g[0][0]["w"][:2] + (g[0][0]["w"][2].tolist(), g[0][0]["w"][2].dtype),
+                 "n": g[0][0]["n"][:2] + (g[0][0]["n"][2].tolist(), g[0][0]["n"][2].dtype),
+                 "m": g[0][1]["w"]["m"][2].tolist(), "step": g[0][1]["w"]["step"]} for g in got]
+    finally:
+        dist.destroy_process_group()

@@ -20,9 +20,12 @@ from hcomm.parallel.planner.replan import keep_identity, slowed_view, weigh
 ROWS, SHARDS = "re-split the rows", "re-split the shards"
 
 
-# Passes of a rank's own CPU over the whole state in ``tensor.reshard`` besides the wire: pickling its
-# shards, unpickling the others', joining them, loading the whole model and cutting it again.
-RESHARD_PASSES = 5
+# Passes of a rank's own CPU over the whole state in ``tensor.reshard`` besides the wire: packing its
+# shards, joining the gathered ones, building and loading the whole model and its moments, cutting them.
+# 5 fitted the move when the shards were gathered as pickled objects (predicted 7.64 s, measured 7.46 s
+# on the emulator, 2026-12-06); gathered as bytes the move takes 0.48 of that time on 2 local ranks
+# (0.77 vs 1.60 s, ``benchmarks/train/bench_reshard_gather.py``): 2.5.
+RESHARD_PASSES = 2.5
 
 
 def reshard_seconds(view, plan, slowdown: Sequence[float] = ()) -> float:

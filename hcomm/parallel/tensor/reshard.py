@@ -4,7 +4,7 @@ When a member of a TP group turns slow, moving rows between groups (``train.drif
 leaves its shard where it is, and its group still waits for it inside every layer.  A smaller
 fraction for it changes the shape of every shard, so the state -- parameters and the optimizer's
 moments -- is put together and cut again: each TP group gathers its members' shards (one gather of
-Python objects inside the group, as the evaluation does), every rank rebuilds the whole reference
+their bytes inside the group, ``_gather_flat``), every rank rebuilds the whole reference
 tensors, and the new plan's ``tensor_parallelize`` cuts them; the moments are cut by the very same
 split (a model whose weights are a moment, cut like the parameters).  Values are copied, never
 recomputed: from that step on the run trains what one started with the new split would.
@@ -17,6 +17,7 @@ writing a per-tensor redistribution, paid once per re-split.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Dict, List, Tuple
 
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hcomm.collectives import all_gather_v, uses_hcomm
 from hcomm.parallel.tensor.unshard import Shard, join_shards, piece_shards
 
 
@@ -94,9 +96,64 @@ def gather_whole(tp_model: nn.Module, optimizer=None) -> List[Tuple[Dict[str, to
     for i, piece in enumerate(layer_modules(tp_model)):
         shards = piece_shards(piece, tp_model.index)
         mine[i] = (shards, _state_shards(piece, shards, optimizer))
-    gathered: List = [None] * dist.get_world_size(tp_model.group)
-    dist.all_gather_object(gathered, mine, group=tp_model.group)
+    gathered = _gather_flat(mine, tp_model.group)
     return [_joined(gathered, i) for i in range(len(mine))]
+
+
+ALIGN = 16   # bytes: every tensor starts at a multiple of its element size in the gathered buffer
+
+
+def _gather_flat(mine: Dict[int, tuple], group) -> List[Dict[int, tuple]]:
+    """Every member's ``mine`` (per piece: its shards and their optimizer states) on every member.
+
+    The tensors travel as one byte buffer per rank in one uneven gather (the members' shards differ by
+    their fractions), only the skeleton -- names, how each was cut, AdamW's
+    step -- as Python objects.  Gathering the whole structure as objects pickled every byte: 1.06 of a
+    re-shard's 1.5 s on 2 local ranks (small model, AdamW), most of its 7.5 s on the emulator's quotas."""
+    tensors: List[torch.Tensor] = []
+
+    def strip(shard):
+        index, dim, tensor = shard
+        tensors.append(tensor.contiguous())
+        return index, dim, len(tensors) - 1
+
+    skeleton = {i: ({name: strip(shard) for name, shard in shards.items()},
+                    {name: {key: strip(v) if isinstance(v, tuple) else v for key, v in state.items()}
+                     for name, state in states.items()})
+                for i, (shards, states) in mine.items()}
+    layout, offset = [], 0
+    for t in tensors:
+        layout.append((offset, t.dtype, tuple(t.shape)))
+        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    metas: List = [None] * dist.get_world_size(group)
+    dist.all_gather_object(metas, (skeleton, layout, offset), group=group)
+    lengths = [m[2] for m in metas]
+    flat = torch.zeros(offset if uses_hcomm(group) else max(lengths), dtype=torch.uint8)
+    for (at, _, _), t in zip(layout, tensors):
+        flat[at:at + t.numel() * t.element_size()] = t.view(-1).view(torch.uint8)
+    if uses_hcomm(group):
+        # the uneven gather into one buffer: 2 x 45 MB in 0.03 s on 2 local ranks, where torch's list
+        # form took 0.14 s on the same hcomm group (0.09 s on gloo)
+        whole = torch.empty(sum(lengths), dtype=torch.uint8)
+        all_gather_v(whole, flat, lengths, group=group)
+        buffers = list(whole.split(lengths))
+    else:   # any other backend: torch's list form, every rank's buffer padded to the longest
+        buffers = [torch.empty(len(flat), dtype=torch.uint8) for _ in metas]
+        dist.all_gather(buffers, flat, group=group)
+    out = []
+    for (skel, lay, _), buf in zip(metas, buffers):
+        views = [buf[at:at + math.prod(shape) * torch.empty((), dtype=dtype).element_size()].view(dtype).view(shape)
+                 for at, dtype, shape in lay]
+
+        def fill(slot):
+            index, dim, k = slot
+            return index, dim, views[k]
+
+        out.append({i: ({name: fill(slot) for name, slot in shards.items()},
+                        {name: {key: fill(v) if isinstance(v, tuple) else v for key, v in state.items()}
+                         for name, state in states.items()})
+                    for i, (shards, states) in skel.items()})
+    return out
 
 
 def whole_model(tp_model: nn.Module) -> nn.Module:
