@@ -22,10 +22,12 @@ ROWS, SHARDS = "re-split the rows", "re-split the shards"
 
 # Passes of a rank's own CPU over the whole state in ``tensor.reshard`` besides the wire: packing its
 # shards, joining the gathered ones, building and loading the whole model and its moments, cutting them.
-# 5 fitted the move when the shards were gathered as pickled objects (predicted 7.64 s, measured 7.46 s
-# on the emulator, 2026-12-06); gathered as bytes the move takes 0.48 of that time on 2 local ranks
-# (0.77 vs 1.60 s, ``benchmarks/train/bench_reshard_gather.py``): 2.5.
-RESHARD_PASSES = 2.5
+# Fitted on the emulator (``bench_straggler.py --tp 2``, 2026-12-06), where the slowed rank's quota sets
+# the move: with the shards gathered as bytes the move took 6.91 s where one pass was predicted at 1.10 s
+# (6.2 passes; gathered as pickled objects, the launch before: 7.46 s at 1.52 s, 4.9).  On 2 unthrottled
+# local ranks the byte gather halved the move (0.77 vs 1.60 s, ``bench_reshard_gather.py``); on the
+# quotas it did not: copies and joins at a quarter of a share dominate there, not pickling.
+RESHARD_PASSES = 6
 
 
 def reshard_seconds(view, plan, slowdown: Sequence[float] = ()) -> float:
