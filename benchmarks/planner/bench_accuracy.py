@@ -58,7 +58,10 @@ def run_plans(preset: str, plans: list) -> list:
     if out.returncode != 0:
         why = [line.split("] ", 1)[-1] for line in (out.stdout + out.stderr).splitlines()
                if "hcomm emulate:" in line or "error:" in line][-1:] or [f"exit code {out.returncode}"]
-        print(f"   failed: {why[0]}", flush=True)
+        log = os.path.join(RESULTS, f".accuracy-{preset}-failed.log")   # the whole story, beside the record
+        with open(log, "w") as f:
+            f.write(out.stdout + out.stderr)
+        print(f"   failed: {why[0]} (output: {log})", flush=True)
         return [dict(plan=plan, failed=why[0][:200]) for plan in plans]
     with open(path) as f:
         doc = json.load(f)
