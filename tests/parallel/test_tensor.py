@@ -480,3 +480,28 @@ def test_sequence_parallel_only_in_tp_groups():
     plan.dp_group().sequence_parallel = True
     with pytest.raises(PlanError, match=r"groups\[0\]\.sequence_parallel: only tensor-parallel \('tp:\*'\) groups"):
         plan.validate()
+
+
+def test_every_tp_collective_counts_as_waiting(monkeypatch):
+    """The straggler watch leaves a TP member's time inside collectives out of its own work: the
+    all-reduce and sequence parallelism's uneven gather and scatter all add to ``waited_s`` (collectives
+    stubbed with a 20 ms sleep: no group needed)."""
+    import time
+
+    import torch
+
+    import hcomm
+    from hcomm.parallel.tensor import comm, sequence
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)
+
+    monkeypatch.setattr(comm.dist, "all_reduce", slow)
+    monkeypatch.setattr(hcomm, "all_gather_v", slow)
+    monkeypatch.setattr(hcomm, "reduce_scatter_v", slow)
+    for call in (lambda: comm.all_reduce(torch.ones(4), None),
+                 lambda: sequence._gather(torch.ones(2, 3, 4), [3, 1], None),
+                 lambda: sequence._scatter(torch.ones(2, 4, 4), [3, 1], 0, None)):
+        before = comm.waited_s()
+        call()
+        assert 0.02 <= comm.waited_s() - before < 1.0

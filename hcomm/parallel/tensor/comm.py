@@ -7,13 +7,14 @@ region: the partial outputs summed forward, identity backward.  Shard sizes
 never appear here: both move whole activations, which is why uneven shards
 cost no extra communication.
 
-``all_reduce`` is every TP collective of this package, timed: ``waited_s()`` is how long this process
-has spent inside them.  Inside one a rank also waits for its slowest partner to arrive, so a rank's
+Every TP collective of this package is timed (``all_reduce`` here, sequence parallelism's gathers and
+scatters in ``timed()``): ``waited_s()`` is how long this process has spent inside them.  Inside one a rank also waits for its slowest partner to arrive, so a rank's
 compute less that time is its own speed (the straggler watch tells the slow member from the partners
 that wait for it).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -27,12 +28,20 @@ def waited_s() -> float:
     return _waited[0]
 
 
-def all_reduce(tensor: torch.Tensor, group, op=dist.ReduceOp.SUM) -> None:
+@contextlib.contextmanager
+def timed():
+    """The seconds inside the block count as time inside a TP collective (``waited_s``): every TP
+    collective runs in one (sequence parallelism's gathers and scatters too)."""
     start = time.perf_counter()
     try:
-        dist.all_reduce(tensor, op=op, group=group)
+        yield
     finally:
         _waited[0] += time.perf_counter() - start
+
+
+def all_reduce(tensor: torch.Tensor, group, op=dist.ReduceOp.SUM) -> None:
+    with timed():
+        dist.all_reduce(tensor, op=op, group=group)
 
 
 class _CopyTo(torch.autograd.Function):

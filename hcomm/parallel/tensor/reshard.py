@@ -103,24 +103,31 @@ def gather_whole(tp_model: nn.Module, optimizer=None) -> List[Tuple[Dict[str, to
 ALIGN = 16   # bytes: every tensor starts at a multiple of its element size in the gathered buffer
 
 
+def _map_slots(tree: Dict[int, tuple], fn: Callable) -> Dict[int, tuple]:
+    """``tree`` (per piece: shards and their optimizer states) with every (index, dim, tensor) slot
+    replaced by ``fn(slot)``, anything else (AdamW's step) as is."""
+    return {i: ({name: fn(slot) for name, slot in shards.items()},
+                {name: {key: fn(v) if isinstance(v, tuple) else v for key, v in state.items()}
+                 for name, state in states.items()})
+            for i, (shards, states) in tree.items()}
+
+
 def _gather_flat(mine: Dict[int, tuple], group) -> List[Dict[int, tuple]]:
     """Every member's ``mine`` (per piece: its shards and their optimizer states) on every member.
 
     The tensors travel as one byte buffer per rank in one uneven gather (the members' shards differ by
-    their fractions), only the skeleton -- names, how each was cut, AdamW's
-    step -- as Python objects.  Gathering the whole structure as objects pickled every byte: 1.06 of a
-    re-shard's 1.5 s on 2 local ranks (small model, AdamW), most of its 7.5 s on the emulator's quotas."""
+    their fractions), only the skeleton -- names, how each was cut, AdamW's step -- as Python objects.
+    Gathering the whole structure as objects pickled every byte: on 2 local ranks (small model, AdamW)
+    1.18 s against 0.35 s as bytes (``benchmarks/train/bench_reshard_gather.py``).  On the emulator's
+    quotas the copies around it dominate either way (the move 6.9 vs 7.5 s)."""
     tensors: List[torch.Tensor] = []
 
-    def strip(shard):
-        index, dim, tensor = shard
+    def strip(slot):
+        index, dim, tensor = slot
         tensors.append(tensor.contiguous())
         return index, dim, len(tensors) - 1
 
-    skeleton = {i: ({name: strip(shard) for name, shard in shards.items()},
-                    {name: {key: strip(v) if isinstance(v, tuple) else v for key, v in state.items()}
-                     for name, state in states.items()})
-                for i, (shards, states) in mine.items()}
+    skeleton = _map_slots(mine, strip)
     layout, offset = [], 0
     for t in tensors:
         layout.append((offset, t.dtype, tuple(t.shape)))
@@ -128,10 +135,11 @@ def _gather_flat(mine: Dict[int, tuple], group) -> List[Dict[int, tuple]]:
     metas: List = [None] * dist.get_world_size(group)
     dist.all_gather_object(metas, (skeleton, layout, offset), group=group)
     lengths = [m[2] for m in metas]
-    flat = torch.zeros(offset if uses_hcomm(group) else max(lengths), dtype=torch.uint8)
+    uneven = uses_hcomm(group)
+    flat = torch.zeros(offset if uneven else max(lengths), dtype=torch.uint8)
     for (at, _, _), t in zip(layout, tensors):
         flat[at:at + t.numel() * t.element_size()] = t.view(-1).view(torch.uint8)
-    if uses_hcomm(group):
+    if uneven:
         # the uneven gather into one buffer: 2 x 45 MB in 0.03 s on 2 local ranks, where torch's list
         # form took 0.14 s on the same hcomm group (0.09 s on gloo)
         whole = torch.empty(sum(lengths), dtype=torch.uint8)
@@ -144,15 +152,7 @@ def _gather_flat(mine: Dict[int, tuple], group) -> List[Dict[int, tuple]]:
     for (skel, lay, _), buf in zip(metas, buffers):
         views = [buf[at:at + math.prod(shape) * torch.empty((), dtype=dtype).element_size()].view(dtype).view(shape)
                  for at, dtype, shape in lay]
-
-        def fill(slot):
-            index, dim, k = slot
-            return index, dim, views[k]
-
-        out.append({i: ({name: fill(slot) for name, slot in shards.items()},
-                        {name: {key: fill(v) if isinstance(v, tuple) else v for key, v in state.items()}
-                         for name, state in states.items()})
-                    for i, (shards, states) in skel.items()})
+        out.append(_map_slots(skel, lambda slot, views=views: (slot[0], slot[1], views[slot[2]])))
     return out
 
 

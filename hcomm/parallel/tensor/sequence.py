@@ -20,6 +20,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from hcomm.parallel.tensor.comm import timed
+
 
 def _gather(local: torch.Tensor, sizes: Sequence[int], group) -> torch.Tensor:
     """[B, s_r, D] -> [B, S, D]."""
@@ -27,8 +29,9 @@ def _gather(local: torch.Tensor, sizes: Sequence[int], group) -> torch.Tensor:
 
     batch, _, dim = local.shape
     out = torch.empty(sum(sizes) * batch * dim, dtype=local.dtype)
-    hcomm.all_gather_v(out, local.transpose(0, 1).contiguous().view(-1), [s * batch * dim for s in sizes],
-                       group=group)
+    mine = local.transpose(0, 1).contiguous().view(-1)
+    with timed():   # a member's wait for its partners is not its own work (the straggler watch)
+        hcomm.all_gather_v(out, mine, [s * batch * dim for s in sizes], group=group)
     return out.view(sum(sizes), batch, dim).transpose(0, 1)
 
 
@@ -38,8 +41,9 @@ def _scatter(full: torch.Tensor, sizes: Sequence[int], rank: int, group) -> torc
 
     batch, _, dim = full.shape
     out = torch.empty(sizes[rank] * batch * dim, dtype=full.dtype)
-    hcomm.reduce_scatter_v(out, full.transpose(0, 1).contiguous().view(-1), [s * batch * dim for s in sizes],
-                           group=group)
+    whole = full.transpose(0, 1).contiguous().view(-1)
+    with timed():
+        hcomm.reduce_scatter_v(out, whole, [s * batch * dim for s in sizes], group=group)
     return out.view(sizes[rank], batch, dim).transpose(0, 1)
 
 
