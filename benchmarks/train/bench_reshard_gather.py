@@ -4,8 +4,8 @@ A TP group re-sharding mid-run (``hcomm.parallel.tensor.reshard``) first gathers
 of the parameters and of AdamW's two moments.  It used to gather the whole structure with
 ``all_gather_object`` (every byte pickled, sent, unpickled); ``_gather_flat`` sends the tensors as one
 byte buffer per rank and only the names as objects.  Both run here side by side, alternating, on a TP
-group of 2 local ranks (gloo, the ``small`` model, fractions 0.6 / 0.4, AdamW's moments filled by one
-step): median seconds of each, and a check that both give every whole tensor bit for bit.  Then the
+group of 2 local ranks (an hcomm group, as training builds it; the ``small`` model, fractions 0.6 / 0.4,
+AdamW's moments filled by one step): median seconds of each, and a check that both give every whole tensor bit for bit.  Then the
 whole re-shard to fractions 0.75 / 0.25 with its phases.
 
 Writes ``benchmarks/results/train-reshard-gather-<date>.md``.
