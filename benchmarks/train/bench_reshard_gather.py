@@ -60,7 +60,7 @@ def _worker(rank: int, world: int, port: int, model: str, repeats: int, queue):
     from hcomm.models import Llama
     from hcomm.models.configs import CONFIGS
     from hcomm.parallel.tensor.parallelize import tensor_parallelize
-    from hcomm.parallel.tensor.reshard import _cut_like, _whole_model, gather_whole
+    from hcomm.parallel.tensor.reshard import _cut_like, _reference, _whole_model, gather_whole
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -84,14 +84,15 @@ def _worker(rank: int, world: int, port: int, model: str, repeats: int, queue):
     start = time.perf_counter()
     joined = gather_whole(tp, optimizer)
     gathered = time.perf_counter() - start
-    whole = _whole_model(config, [params for params, _ in joined])
+    template = _reference(config)   # as ``reshard`` does: one draw of initial weights, copied for each model
+    whole = _whole_model(config, [params for params, _ in joined], template=template)
     rebuilt = time.perf_counter() - start - gathered
     cut = tensor_parallelize(whole, group, [0.75, 0.25])
     cutting = time.perf_counter() - start - gathered - rebuilt
     moments = time.perf_counter()
     for key in ("exp_avg", "exp_avg_sq"):
         model_of = _whole_model(config, [{n: s[key] for n, s in states.items() if key in s} for _, states in joined],
-                                fill_missing=True)
+                                fill_missing=True, template=template)
         _cut_like(cut, model_of)
     moments = time.perf_counter() - moments
     elements = sum(p.numel() for p in tp.parameters())

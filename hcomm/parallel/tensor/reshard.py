@@ -17,9 +17,10 @@ writing a per-tensor redistribution, paid once per re-split.
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -61,14 +62,24 @@ def _joined(gathered: List[Dict[int, Tuple[Dict[str, Shard], Dict[str, Dict[str,
     return params, states
 
 
-def _whole_model(config, pieces: List[Dict[str, torch.Tensor]], fill_missing: bool = False) -> nn.Module:
+def _reference(config) -> nn.Module:
+    """A reference model to load gathered tensors into (its initial weights are drawn, then overwritten;
+    not from training's RNG)."""
+    from hcomm.models.llama import Llama
+
+    with torch.random.fork_rng():
+        return Llama(config)
+
+
+def _whole_model(config, pieces: List[Dict[str, torch.Tensor]], fill_missing: bool = False,
+                 template: Optional[nn.Module] = None) -> nn.Module:
     """The reference model with every piece's parameters from ``pieces`` (by names inside the piece);
     ``fill_missing``: a parameter not given is zeros (a moment of a parameter that has no optimizer state
-    yet: it gets none after the cut either), else a ValueError naming it."""
-    from hcomm.models.llama import Llama, layer_modules
+    yet: it gets none after the cut either), else a ValueError naming it.  ``template``: a reference model
+    to copy instead of building one (a copy of memory, where building draws every initial weight)."""
+    from hcomm.models.llama import layer_modules
 
-    with torch.random.fork_rng():   # building the reference model draws initial weights: not from training's RNG
-        whole = Llama(config)
+    whole = copy.deepcopy(template) if template is not None else _reference(config)
     for i, piece in enumerate(layer_modules(whole)):
         missing = set(_named(piece)) - set(pieces[i])
         if missing and not fill_missing:
@@ -184,7 +195,8 @@ def reshard(pm, optimizer, plan, build_optimizer: Callable, lr: float):
     scale = pm.precision.loss_scale if pm.precision is not None else None
     steps, groups, config = pm.steps, pm.groups, tp_model.config
     pm.close()
-    whole = _whole_model(config, [params for params, _ in joined])
+    template = _reference(config)   # one draw of initial weights; the parameters and each moment copy it
+    whole = _whole_model(config, [params for params, _ in joined], template=template)
     phase("rebuild")
     new = parallelize(whole, plan, groups)
     phase("cut")
@@ -198,7 +210,7 @@ def reshard(pm, optimizer, plan, build_optimizer: Callable, lr: float):
     moments = {}   # key -> per piece, the new shards of that moment by the piece's parameter names
     for key in keys:
         model = _whole_model(config, [{n: state[key] for n, state in piece_states.items() if key in state}
-                                      for piece_states in states], fill_missing=True)
+                                      for piece_states in states], fill_missing=True, template=template)
         moments[key] = [_named(piece) for piece in layer_modules(_cut_like(new.model, model))]
         phase("moments")
     held = {id(p) for p in new.parameters()}
