@@ -12,8 +12,9 @@ recomputed: from that step on the run trains what one started with the new split
 The new plan may also regroup the ranks or reorder them inside a group: every old group holds the
 whole model, so any new layout can be cut from it.  Plans of TP groups with data parallelism across
 them (a pipeline of TP groups keeps its split: ``pipeline.restage``).  Memory: for the moment each
-rank holds the whole model's parameters and moments (3x the reference model) -- the price of not
-writing a per-tensor redistribution, paid once per re-split.
+rank holds the whole model's parameters and moments as gathered (3x the reference model), a reference
+model the loads copy (1x) and one whole model being cut (1x) -- the price of not writing a per-tensor
+redistribution, paid once per re-split.
 """
 from __future__ import annotations
 
