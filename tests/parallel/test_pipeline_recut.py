@@ -301,13 +301,18 @@ def test_hcomm_train_recuts_a_pipeline_when_a_rank_turns_slow(tmp_path):
     assert recut["what"] == "re-cut" and recut["drifted"] == [1] and recut["after_steps"] == 7, recut
     assert piece_rows(recut["to"], 1) < piece_rows(recut["from"], 1), recut
     # the pipeline of TP groups: rank 1's own work drifted (its partner's waits for it are left out).  On
-    # the tiny model the planner may have given rank 1's group a single piece (the embedding), which can
-    # only trade places with the head or stay -- so rank 1's pieces x rows do not grow, and
-    # test_pipeline_tensor_recut.py holds the choice itself on a shape where the work must move
+    # the tiny model the planner may give rank 1's group a single piece, and the hook's slowdown (a fixed
+    # sleep per piece and sample) is not the model's (every piece's seconds times the drift): where the
+    # other stage is the bottleneck -- it pays a measured meeting at each of its TP collectives, 17 on the
+    # tiny model, the slowed group's head 2 -- a piece of almost no compute (the norm) looks free on the
+    # slowed group, though the hook then sleeps for it too (seen once in CI).  So here the choice is held
+    # to the weighing (no option cheaper for the steps left than the one taken, none costlier than
+    # keeping), and test_pipeline_tensor_recut.py holds the choice itself on a shape where the work must move
     run = runs[plans[1]]
     assert len(run["replans"]) == 1, out[-3000:]
     recut = run["replans"][0]
     assert recut["drifted"] == [1] and recut["after_steps"] == 7 and recut["what"] in ("re-cut", "kept"), recut
-    if recut["what"] == "re-cut":   # one replica keeps its 8 rows (on rank 0, the rows leader): only pieces move
-        assert piece_rows(recut["to"], 1, 8) <= piece_rows(recut["from"], 1, 8), recut
+    totals = {o["what"]: o["step_ms"] / 1e3 * 3 + o["move_s"] for o in recut["options"]}   # 3 steps left
+    assert recut["choice"] in totals and totals[recut["choice"]] == pytest.approx(min(totals.values())), recut
+    assert totals[recut["choice"]] <= totals["keep the cuts"] + 1e-9, recut
     assert_reference_losses(runs, "uniform@pp=1", 10, lambda name: 1e-4)
