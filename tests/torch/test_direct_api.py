@@ -102,6 +102,35 @@ def test_history_last_op_set_algorithm_plan_predict(pool):
     assert {"ring", "ring_rs", "ring_ag", "tree", "direct", "pairwise", "dissemination"} <= set(names)
 
 
+def case_flat_choice(ctx):
+    h, w = ctx.hcomm, ctx.world
+    out = {}
+    for op, ring in (("all_gather", "ring_ag"), ("reduce_scatter", "ring_rs"), ("all_reduce", "ring")):
+        for nbytes in (16 << 10, 8 << 20):   # per rank
+            out[(op, nbytes)] = (hcomm.plan(op, nbytes, group=h)["algorithm"],
+                                 hcomm.predict(op, nbytes, "native", group=h), hcomm.predict(op, nbytes, ring, group=h))
+    return out
+
+
+def test_gloo_native_priced_against_the_rings_by_hand(pool):
+    """On a flat gloo group the vendor's all-gather pays two passes over the gathered buffer at the model's
+    4 GB/s and the ring a 0.4 ms hand-off per step; the vendor's reduce-scatter an all-reduce's traffic
+    (twice the ring's), its reduction and two passes (csrc/core/algo/cost.cpp); all_reduce unchanged."""
+    w = pool.world
+    for res in pool.run(case_flat_choice):
+        for nbytes in (16 << 10, 8 << 20):
+            whole = nbytes * w
+            chosen, native, ring = res[("all_gather", nbytes)]
+            assert native - ring == pytest.approx(2 * whole / 4e9 - (w - 1) * 0.4e-3, rel=1e-9, abs=1e-12)
+            assert chosen == ("native" if native <= ring else "ring_ag")
+            chosen, native, ring = res[("reduce_scatter", nbytes)]
+            assert native == pytest.approx(2 * ring + whole / 4e9, rel=1e-9)
+            assert chosen == "ring_rs"
+            assert res[("all_reduce", nbytes)][0] == "native"
+        assert res[("all_gather", 16 << 10)][0] == "native"   # 64 KiB on 4 ranks: the hand-offs dominate
+        assert res[("all_gather", 8 << 20)][0] == "ring_ag"   # 32 MiB: the copies do
+
+
 def case_direct_errors(ctx):
     h, w = ctx.hcomm, ctx.world
     return {

@@ -16,7 +16,7 @@ class Native final : public Algorithm {
     return false;
   }
   double cost(const CollectiveArgs& args, const AlgoContext& ctx) const override {
-    return flat_cost(args, ctx.size(), ctx.flat_link);
+    return flat_cost(args, ctx.size(), ctx.flat_link) + gloo_native_extra(args, ctx);
   }
   void run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& record) const override {
     ctx.flat->run(args);

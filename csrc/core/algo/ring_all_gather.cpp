@@ -17,7 +17,7 @@ class RingAllGather final : public Algorithm {
     return args.kind == OpKind::kAllGather || args.kind == OpKind::kAllGatherV;
   }
   double cost(const CollectiveArgs& args, const AlgoContext& ctx) const override {
-    return flat_cost(args, ctx.size(), ctx.flat_link);
+    return flat_cost(args, ctx.size(), ctx.flat_link) + gloo_ring_extra(args, ctx);
   }
   void run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& record) const override {
     Transport& t = *ctx.flat;
