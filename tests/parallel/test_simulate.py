@@ -126,6 +126,43 @@ def test_tensor_pair_by_hand():
     assert simulate(plan, v, dim=DIM).step_s == pytest.approx(sim.step_s + 11 * 4e-3)
 
 
+def test_tensor_groups_sync_beside_the_backward_by_hand():
+    """Two TP pairs [0, 1] and [2, 3] at speed 1, halves, 2 rows each; 1 MiB of gradient per piece.  In 1 MiB
+    buckets each piece's gradient goes out when its backward ends in both groups (the ranks of each
+    position reduce their half, 0.5 MiB, side by side on the island's curve) and only the embedding's, last
+    in backward, is left after the computation; in one bucket the whole sync is; beside the computation a
+    bucket runs ``overlap_slowdown`` times slower (``cost.beside_compute``)."""
+    v = view([1.0] * 4)
+    ranks = [RankPlan(r, 0.5 if r in (0, 2) else 0.0, tp_group=r // 2, tp_fraction=0.5) for r in range(4)]
+
+    def plan(bucket_bytes):
+        return Plan(4, SEQ, ranks, [GroupPlan("dp", [0, 1, 2, 3], bucket_bytes=bucket_bytes),
+                                    GroupPlan("tp:0", [0, 1]), GroupPlan("tp:1", [2, 3])]).validate()
+
+    def backward_ends(curve):   # (the TP all-reduces run on the island's curve too)
+        big, loss = curve(2 * SEQ * DIM * 4), 3 * curve(2 * SEQ * 4)
+        # each member: 2 rows x half of (fwd 1/3, bwd 2/3 of 0.03, 0.3, 0.3, 0.03, 0.06 s per row)
+        head = 0.01 + big + 2 * (0.1 + 2 * big) + 0.01 + 0.02 + loss + 0.04 + big
+        ready = [head, head + 0.02, head + 0.22 + 2 * big, head + 0.42 + 4 * big, head + 0.44 + 4 * big]
+        assert ready[-1] == pytest.approx(0.72 + 10 * big + loss)
+        return ready       # head, norm, block 1, block 0, embedding
+
+    busy, opt = backward_ends(allreduce)[-1], 0.01 * 0.5
+    assert simulate(plan(MiB), v, dim=DIM).step_s == pytest.approx(busy + allreduce(MiB // 2) + opt)
+    assert simulate(plan(64 * MiB), v, dim=DIM).step_s == pytest.approx(busy + allreduce(5 * MiB // 2) + opt)
+
+    slow = lambda n: 1e-3 + n / 1e7   # noqa: E731  (53 ms a bucket: longer than the gaps between pieces)
+    v.island_allreduce_s, v.overlap_slowdown = [slow], 2.0
+    ready = backward_ends(slow)
+    busy, t, end = ready[-1], slow(MiB // 2), 0.0
+    for r in ready:
+        start = max(r, end)
+        end = start + (2 * t if start + 2 * t <= busy else (busy - start) + (t - (busy - start) / 2)
+                       if start < busy else t)
+    assert end > busy + t   # the queue the slowed buckets left reaches past the computation
+    assert simulate(plan(MiB), v, dim=DIM).step_s == pytest.approx(end + opt)
+
+
 def test_side_by_side_syncs_share_the_uplink_by_hand():
     """Two islands {0, 1} and {2, 3}.  Groups that span them push their bytes through the same uplinks at
     once: two of 3 and 5 MiB each pay a ring on the links (a group of some ranks of several islands) at

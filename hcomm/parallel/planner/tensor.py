@@ -13,15 +13,21 @@ Predicted step: the slowest group's compute (each rank's profile scaled by
 its rows and fraction; the slowest member sets the pace), plus the TP
 all-reduces (two per block forward, two backward, one for the embedding and
 one for the head's input gradient, each of rows x seq x dim fp32, and the
-spread of the members' arrivals at each: ``cost.meeting_s``), plus the
-gradient all-reduce across groups and the optimizer.
+spread of the members' arrivals at each: ``cost.meeting_s``), plus what the
+gradient all-reduce across groups leaves exposed, plus the optimizer.  The
+gradient sync is ``GradSync``'s buckets, launched as the backward fills
+them (the same hooks as data parallelism's): each bucket starts when every
+group has finished its pieces, the ranks of each TP position reduce their
+shard side by side, and the buckets follow one another as ``cost.dp_step``
+has them, slowed beside the computation (``cost.beside_compute``).
 """
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan, apportion
-from hcomm.parallel.planner.cost import group_allreduce_s, meeting_s, side_by_side_allreduce_s
+from hcomm.parallel.planner.cost import (beside_compute, bucket_plan, gradient_layout, group_allreduce_s, meeting_s,
+                                         side_by_side_allreduce_s)
 from hcomm.parallel.planner.pipeline import model_seconds, rank_speed
 
 # The vocabulary-parallel cross entropy sums three per-token fp32 vectors forward: the max, the sum of
@@ -107,15 +113,32 @@ def tensor_step_s(view, plan, dim: int, n_layers: int) -> Tuple[float, str]:
     fr = [plan.ranks[r].tp_fraction for r in groups[0]]
     counts = plan.batch_counts()
     parts = [_group_seconds(view, g, fr, counts[g[0]], plan.seq_len, dim, n_layers) for g in groups]
-    compute = max(p[1] for p in parts)
-    comm = max(p[2] for p in parts)
-    grads = sum(c.grad_bytes for c in view.profiles[0].layers)
-    sync = side_by_side_allreduce_s(view, [([g[p] for g in groups], int(grads * f)) for p, f in enumerate(fr)]) \
-        if len(groups) > 1 else 0.0
+    slowest = max(range(len(groups)), key=lambda i: parts[i][1] + parts[i][2])
+    compute, comm = parts[slowest][1], parts[slowest][2]
+    busy = compute + comm
+    sync_total = exposed = 0.0
+    if len(groups) > 1:
+        # each group's piece times, scaled to end at its busy seconds (its per-segment maxima can add up
+        # to a little more than its slowest member's whole)
+        done = [_backward_done(view, g, fr, counts[g[0]], plan.seq_len, dim) for g in groups]
+        ready = [max(d[i] * (p[1] + p[2]) / d[-1] if d[-1] else 0.0 for d, p in zip(done, parts))
+                 for i in range(len(done[0]))]
+        seconds = {}
+        end = 0.0
+        for nbytes, piece in bucket_plan(gradient_layout(view.profiles[0]), plan.dp_group().bucket_bytes):
+            t = seconds.get(nbytes)
+            if t is None:
+                t = seconds[nbytes] = side_by_side_allreduce_s(
+                    view, [([g[p] for g in groups], int(nbytes * f)) for p, f in enumerate(fr)])
+            sync_total += t
+            start = max(ready[piece], end)
+            end = start + beside_compute(t, start, busy, view.overlap_slowdown)
+        exposed = max(0.0, end - busy)
     opt = max(view.optimizer_s[r] * plan.ranks[r].tp_fraction for g in groups for r in g)
-    step = compute + comm + sync + opt
+    step = busy + exposed + opt
     return step, (f"{step * 1e3:.0f} ms = compute {compute * 1e3:.0f} + TP all-reduces {comm * 1e3:.0f} + "
-                  f"gradient sync {sync * 1e3:.0f} + optimizer {opt * 1e3:.0f} ms")
+                  f"exposed gradient sync {exposed * 1e3:.0f} (of {sync_total * 1e3:.0f}) + optimizer "
+                  f"{opt * 1e3:.0f} ms")
 
 
 def memory_capped(view, groups: List[List[int]], fractions: Sequence[float], rows: Sequence[int]) -> List[float]:
@@ -171,6 +194,40 @@ def _group_seconds(view, group: Sequence[int], fractions: Sequence[float], rows:
             + LOSS_ALLREDUCES * group_allreduce_s(view, group, rows * seq_len * 4)
             + (4 * n_layers + 3) * meeting_s(view, group)) if len(group) > 1 and rows else 0.0
     return (max(compute) + comm) / max(rows, 1), max(compute), comm
+
+
+def _backward_done(view, group: Sequence[int], fractions: Sequence[float], rows: int, seq_len: int,
+                   dim: int) -> List[float]:
+    """When each piece's backward ends in one group's step (pieces in backward order, as
+    ``cost.gradient_layout``): the forward whole, then each piece's backward, each segment between two
+    meetings as long as its slowest member's, with the TP collectives of ``_group_seconds`` placed where
+    they run (forward: the embedding's, two per block, the loss's sums at the head; backward: two per
+    block and the head's input gradient)."""
+    layers = view.profiles[group[0]].layers
+    if not rows:
+        return [0.0] * len(layers)
+    tp = len(group) > 1
+    big = group_allreduce_s(view, group, rows * seq_len * dim * 4) + meeting_s(view, group) if tp else 0.0
+    loss = LOSS_ALLREDUCES * group_allreduce_s(view, group, rows * seq_len * 4) + meeting_s(view, group) \
+        if tp else 0.0
+    last = len(layers) - 1
+    fwd_comm = [big] + [2 * big] * (last - 2) + [0.0, loss]
+    bwd_comm = [0.0] + [2 * big] * (last - 2) + [0.0, big]
+
+    def piece(i: int, forward: bool) -> float:
+        out = 0.0
+        for r, f in zip(group, fractions):
+            c = view.profiles[r].layers[i]
+            whole, fixed = (c.fwd_s, c.fwd_fixed_s) if forward else (c.bwd_s, c.bwd_fixed_s)
+            out = max(out, fixed + (whole - fixed) * rows / view.profiles[r].micro_batch * f)
+        return out
+
+    t = sum(piece(i, True) + fwd_comm[i] for i in range(len(layers)))
+    done = []
+    for i in reversed(range(len(layers))):
+        t += piece(i, False) + bwd_comm[i]
+        done.append(t)
+    return done
 
 
 def _member_seconds(profile, rows: int, fraction: float) -> float:
