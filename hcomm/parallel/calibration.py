@@ -235,11 +235,17 @@ def p2p_links(topo, group, default_group, window: float = 0.1) -> Dict[str, Tupl
         probe(peer, 4 * i if tier == "intra" else 4 * n + 4 * i, lead)
     dist.all_reduce(slots, group=default_group)
     links: Dict[str, Tuple[float, float]] = {}
+    inter = [slots[4 * n + 4 * j:4 * n + 4 * j + 4].tolist() for j in range(1, n)]
     for tier, fits in (("intra", [slots[4 * i:4 * i + 4].tolist() for i in range(n) if slots[4 * i + 1] > 0]),
-                       ("inter", [slots[4 * n + 4 * j:4 * n + 4 * j + 4].tolist() for j in range(1, n)])):
+                       ("inter", inter)):
         if fits:   # the slowest pair's: largest alpha, smallest beta
             links[tier] = (max(f[0] for f in fits), min(f[1] for f in fits))
             links[f"host@{tier}"] = (max(f[2] for f in fits), min(f[3] for f in fits))
+    if n > 2:   # each island's own (``ClusterView.p2p_s``): island j's from its pair with island 0, which
+        # then has at least the fastest pair's (a pair runs at the slower of its two uplinks)
+        for j, f in enumerate(inter, start=1):
+            links[f"inter@{j}"] = (f[0], f[1])
+        links["inter@0"] = (min(f[0] for f in inter), max(f[1] for f in inter))
     return links
 
 

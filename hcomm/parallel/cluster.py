@@ -50,11 +50,19 @@ class ClusterView:
 
     def p2p_s(self, a: int, b: int, nbytes: int) -> float:
         """Seconds to send ``nbytes`` from rank a to rank b: the alpha-beta model of the tier joining them
-        (the comm layer's measured or configured link; no links known: free)."""
+        (the comm layer's measured or configured link; no links known: free).  Between islands whose own
+        uplinks were measured (``inter@<island>``: three islands or more, ``calibration.p2p_links``) the
+        slower of the two, else the slowest pair's ``inter``: on ``uneven`` (uplinks of 150, 100 and 50
+        MB/s) every hop was priced at the 910B island's 50 MB/s."""
         if a == b or not self.links:
             return 0.0
-        tier = "intra" if self.island_of(a) == self.island_of(b) else "inter"
-        alpha, beta = self.links.get(tier) or self.links.get("flat") or next(iter(self.links.values()))
+        ia, ib = self.island_of(a), self.island_of(b)
+        tier = "intra" if ia == ib else "inter"
+        own = [self.links.get(f"inter@{i}") for i in (ia, ib)] if tier == "inter" else [None]
+        if all(own):
+            alpha, beta = max(own[0][0], own[1][0]), min(own[0][1], own[1][1])
+        else:
+            alpha, beta = self.links.get(tier) or self.links.get("flat") or next(iter(self.links.values()))
         return alpha + nbytes / beta
 
     def transfer_links(self, a: int, b: int) -> tuple:

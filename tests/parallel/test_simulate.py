@@ -163,6 +163,29 @@ def test_tensor_groups_sync_beside_the_backward_by_hand():
     assert simulate(plan(MiB), v, dim=DIM).step_s == pytest.approx(end + opt)
 
 
+def test_each_islands_own_uplink_by_hand():
+    """Islands {0, 1}, {2}, {3} with their own uplinks measured (``inter@<island>``: 400, 200 and 100 MB/s):
+    a transfer between two islands runs at the slower uplink; two groups reducing at once, [0, 2] with
+    3 MiB and [1, 3] with 1 MiB, load island 0's uplink with 4 MiB, island 1's with 3 and island 2's with 1,
+    and each hop of a two-rank ring moves half of the busier share for its two uplinks.  Without the
+    islands' own figures: the slowest pair's link for every hop, at the busiest uplink's load."""
+    from hcomm.parallel.planner.cost import side_by_side_allreduce_s
+
+    v = view([1.0] * 4, islands=[[0, 1], [2], [3]])
+    own = {"inter@0": (1e-3, 4e8), "inter@1": (1e-3, 2e8), "inter@2": (2e-3, 1e8)}
+    slowest = dict(v.links)
+    v.links = {**slowest, **own}
+    assert v.p2p_s(0, 2, MiB) == pytest.approx(1e-3 + MiB / 2e8)
+    assert v.p2p_s(2, 3, MiB) == pytest.approx(2e-3 + MiB / 1e8)
+    assert v.p2p_s(0, 1, MiB) == pytest.approx(1e-4 + MiB / 1e9)   # inside island 0
+    jobs = [([0, 2], 3 * MiB), ([1, 3], MiB)]
+    first = 2 * (1e-3 + max(4 * MiB / 2 / 4e8, 3 * MiB / 2 / 2e8))
+    second = 2 * (2e-3 + max(4 * MiB / 2 / 4e8, MiB / 2 / 1e8))
+    assert side_by_side_allreduce_s(v, jobs) == pytest.approx(max(first, second))
+    v.links = slowest
+    assert side_by_side_allreduce_s(v, jobs) == pytest.approx(2 * (1e-3 + 4 * MiB / 2 / 1e8))
+
+
 def test_side_by_side_syncs_share_the_uplink_by_hand():
     """Two islands {0, 1} and {2, 3}.  Groups that span them push their bytes through the same uplinks at
     once: two of 3 and 5 MiB each pay a ring on the links (a group of some ranks of several islands) at

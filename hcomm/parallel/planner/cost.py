@@ -115,23 +115,38 @@ def beside_compute(t: float, start: float, compute_end: float, slowdown: float) 
     return overlapped + (t - overlapped / slowdown)
 
 
-def group_allreduce_s(view, ranks: Sequence[int], nbytes: int, spanning: Optional[AllReduceTime] = None) -> float:
+def group_allreduce_s(view, ranks: Sequence[int], nbytes: int, spanning: Optional[AllReduceTime] = None,
+                      uplink_bytes: Optional[Dict[int, int]] = None) -> float:
     """Seconds of one all-reduce of ``nbytes`` over ``ranks``: inside one island its island's curve; over
     every rank, or with a curve given (``spanning``: a compressed weak tier), the whole group's; over
     some ranks of several islands a ring through them in island order on the measured point-to-point
     links (2 (n - 1) steps of nbytes / n, each as slow as the slowest hop).  The whole group's curve is
     the comm layer's plan for all the islands (every rank, every uplink); a TP pair or a stage's
-    replicas across two islands run a two- or three-rank collective over one or two of the links."""
+    replicas across two islands run a two- or three-rank collective over one or two of the links.
+    ``uplink_bytes``: per island, the bytes all the groups reducing at once push through its uplink;
+    with each island's own uplink measured (``inter@<island>``) a hop between two islands takes as long
+    as the busier of its two uplinks needs for its share, else every hop moves the share of the busiest
+    uplink the group uses at the slowest pair's link."""
     islands = {view.island_of(r) for r in ranks}
     if len(islands) == 1:
         return view.island_allreduce_s[next(iter(islands))](nbytes)
+    load = uplink_bytes or {}
+    busiest = max([nbytes, *(load.get(i, 0) for i in islands)])
     if spanning is not None or len(ranks) == view.world_size or not view.links:
-        return (spanning or view.allreduce_s)(nbytes)
+        return (spanning or view.allreduce_s)(busiest)
     ring = sorted(ranks, key=lambda r: (view.island_of(r), r))
     n = len(ring)
-    chunk = -(-nbytes // n)
-    hop = max(view.p2p_s(a, b, chunk) for a, b in zip(ring, ring[1:] + ring[:1]))
-    return 2 * (n - 1) * hop
+    own = {i: view.links.get(f"inter@{i}") for i in islands}
+
+    def hop(a: int, b: int) -> float:
+        ia, ib = view.island_of(a), view.island_of(b)
+        if ia == ib:
+            return view.p2p_s(a, b, -(-nbytes // n))
+        if not (own[ia] and own[ib]):
+            return view.p2p_s(a, b, -(-busiest // n))
+        return max(own[ia][0], own[ib][0]) + max(max(nbytes, load.get(i, 0)) / n / own[i][1] for i in (ia, ib))
+
+    return 2 * (n - 1) * max(hop(a, b) for a, b in zip(ring, ring[1:] + ring[:1]))
 
 
 def meeting_s(view, ranks: Sequence[int]) -> float:
@@ -150,10 +165,11 @@ def side_by_side_allreduce_s(view, jobs: Sequence[Tuple[Sequence[int], int]],
 
     A group inside one island takes its island's curve (the groups hold different ranks, which move
     their bytes at once).  Groups that span islands share the islands' uplinks: each is charged its own
-    all-reduce (``group_allreduce_s``) at the bytes that all spanning groups together push through the
-    busiest uplink it uses (measured on ``two-islands``, pp=2: two stage groups across the one link
-    took 0.91 s, one of them alone is predicted at 0.49 s).  ``spanning``: the whole group's curve to
-    charge instead (the compressed one where the weak tier compresses).
+    all-reduce (``group_allreduce_s``) with the bytes that all spanning groups together push through
+    each uplink (measured on ``two-islands``, pp=2: two stage groups across the one link took 0.91 s,
+    one of them alone is predicted at 0.49 s): each hop at its own two uplinks' loads where every
+    island's uplink was measured, else every hop at the busiest one's.  ``spanning``: the whole group's
+    curve to charge instead (the compressed one where the weak tier compresses).
     """
     crossing = [(ranks, nbytes, {view.island_of(r) for r in ranks}) for ranks, nbytes in jobs]
     load: Dict[int, int] = {}
@@ -165,8 +181,7 @@ def side_by_side_allreduce_s(view, jobs: Sequence[Tuple[Sequence[int], int]],
     for ranks, nbytes, islands in crossing:
         if not nbytes:
             continue
-        worst = max(worst, group_allreduce_s(view, ranks, nbytes if len(islands) == 1 else
-                                             max(load[i] for i in islands), spanning))
+        worst = max(worst, group_allreduce_s(view, ranks, nbytes, spanning, uplink_bytes=load))
     return worst
 
 

@@ -114,15 +114,24 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
         optimizer_s=[max(view.optimizer_s[r] * x for r, x in zip(g, f)) for g, f in zip(groups, fractions)],
         island_names=[view.island_names[k] for k in keep] if view.island_names else [],
         compressed_allreduce_s=dict(view.compressed_allreduce_s),
-        links=_shared_links(view.links, len(groups[0])), calibration=dict(view.calibration),
+        links=_shared_links(view.links, len(groups[0]), keep), calibration=dict(view.calibration),
         overlap_slowdown=view.overlap_slowdown)
 
 
-def _shared_links(links, tp: int):
+def _shared_links(links, tp: int, keep: List[int]):
     """The links as a pipeline of TP groups uses them: every TP position runs its own pipeline and sends
     the whole (replicated) boundary tensor, so across islands ``tp`` transfers share the uplink at once;
-    inside an island they go between different ranks."""
-    return {tier: (alpha, beta / tp if tier == "inter" else beta) for tier, (alpha, beta) in links.items()}
+    inside an island they go between different ranks.  An island's own uplink (``inter@<island>``) is
+    renamed by the island's place among those ``keep`` holds (the islands with a group)."""
+    out = {}
+    for tier, (alpha, beta) in links.items():
+        if tier.startswith("inter@"):
+            island = int(tier.split("@")[1])
+            if island in keep:
+                out[f"inter@{keep.index(island)}"] = (alpha, beta / tp)
+        else:
+            out[tier] = (alpha, beta / tp if tier == "inter" else beta)
+    return out
 
 
 def _group_profiles(view, groups, fractions, seq_len: int, dim: int) -> List[DeviceProfile]:
