@@ -103,7 +103,7 @@ def test_history_last_op_set_algorithm_plan_predict(pool):
 
 
 def case_flat_choice(ctx):
-    h, w = ctx.hcomm, ctx.world
+    h = ctx.hcomm
     out = {}
     for op, ring in (("all_gather", "ring_ag"), ("reduce_scatter", "ring_rs"), ("all_reduce", "ring")):
         for nbytes in (16 << 10, 8 << 20):   # per rank
