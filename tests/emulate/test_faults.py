@@ -40,47 +40,50 @@ def _shown(text: str) -> str:
 
 
 def _start_job(c, ready: str):
-    """(thread running the job, its output) once rank 0 wrote its ready file.  A job that died before
-    that is the emulator's launch failing, not the fault under test: tried again once, the first try's
-    story shown as a warning in the test report (a failed start happened about once in ten CI runs,
-    cause not yet known)."""
+    """(thread running the job, its output) once rank 0 wrote its ready file, or (None, the output) when
+    the job died before that: the emulator's launch failing, not the fault under test."""
     import sys
 
     from hcomm.emulate.launch import run_on
 
-    for attempt in range(2):
-        buf = io.StringIO()
-        th = threading.Thread(target=lambda out=buf: run_on(c, [sys.executable, JOB], out=out), daemon=True)
-        th.start()
-        deadline = time.monotonic() + 90
-        while not os.path.exists(ready) and th.is_alive():
-            assert time.monotonic() < deadline, _shown(buf.getvalue())
-            time.sleep(0.1)
-        if os.path.exists(ready):
-            return th, buf
-        assert attempt == 0, _shown(buf.getvalue())
-        warnings.warn(f"the fault job died before it was ready; starting it again. {_shown(buf.getvalue())}")
-    raise AssertionError("unreachable")
+    buf = io.StringIO()
+    th = threading.Thread(target=lambda out=buf: run_on(c, [sys.executable, JOB], out=out), daemon=True)
+    th.start()
+    deadline = time.monotonic() + 90
+    while not os.path.exists(ready) and th.is_alive():
+        assert time.monotonic() < deadline, _shown(buf.getvalue())
+        time.sleep(0.1)
+    return (th if os.path.exists(ready) else None), buf
 
 
 def _rehearse(tmp_path, monkeypatch, action, target, after):
+    """A failed start is tried once more on a freshly built cluster, the first try's story shown as a
+    warning in the test report: it happened about once in ten CI runs (cause not yet known), once with
+    rank 1's node failing to reach the rendezvous store on node 0 in both tries on the same cluster."""
     from hcomm.emulate.cluster import Cluster
 
     ready = str(tmp_path / "ready")
     monkeypatch.setenv("HCOMM_FAULT_READY", ready)
-    with Cluster(SMALL) as c:
-        th, buf = _start_job(c, ready)
-        f = c.faults()
-        f.apply(action, target)
-        t0 = time.monotonic()
-        while len(LINE.findall(buf.getvalue())) < (2 if action == "cut" else 1):
-            assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S + 5, buf.getvalue()[-3000:]
-            time.sleep(0.1)
-        after(f)   # let what is left of the job finish (restore the link, resume/kill the rank)
-        th.join(60)
-        assert not th.is_alive(), "run_on still waiting 60 s after the fault"
-        assert f.rank_pids(0) == [] and f.rank_pids(1) == []
-    return {int(r): (float(t), kind, msg) for r, t, kind, msg in LINE.findall(buf.getvalue())}
+    for attempt in range(2):
+        with Cluster(SMALL) as c:
+            th, buf = _start_job(c, ready)
+            if th is None:
+                assert attempt == 0, _shown(buf.getvalue())
+                warnings.warn(f"the fault job died before it was ready; starting it again on a new cluster. "
+                              f"{_shown(buf.getvalue())}")
+                continue
+            f = c.faults()
+            f.apply(action, target)
+            t0 = time.monotonic()
+            while len(LINE.findall(buf.getvalue())) < (2 if action == "cut" else 1):
+                assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S + 5, buf.getvalue()[-3000:]
+                time.sleep(0.1)
+            after(f)   # let what is left of the job finish (restore the link, resume/kill the rank)
+            th.join(60)
+            assert not th.is_alive(), "run_on still waiting 60 s after the fault"
+            assert f.rank_pids(0) == [] and f.rank_pids(1) == []
+            return {int(r): (float(t), kind, msg) for r, t, kind, msg in LINE.findall(buf.getvalue())}
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.emulator
