@@ -51,7 +51,7 @@ def _kind(index: int, n_pieces: int) -> str:
 
 
 def group_profile(view, group: Sequence[int], fractions: Sequence[float], index: int, seq_len: int,
-                  dim: int) -> DeviceProfile:
+                  dim: int, samples: Optional[int] = None) -> DeviceProfile:
     """One TP group as a device: per piece, the slowest member's share plus the piece's all-reduces (of
     micro_batch x seq x dim fp32; the head's loss adds three of micro_batch x seq fp32) and a meeting of
     the members at each (``cost.meeting_s``); memory: the
@@ -60,9 +60,9 @@ def group_profile(view, group: Sequence[int], fractions: Sequence[float], index:
 
     A member's share of a piece is its fixed part whole (kernel launches, Python: every member runs every
     piece, however thin its shard; ``LayerCost.fwd_fixed_s``, 0 where not measured) plus its fraction of
-    the rest."""
+    the rest.  ``samples``: the micro-batch to time it at (default: the members' profiled one)."""
     profiles = [view.profiles[r] for r in group]
-    mb = profiles[0].micro_batch
+    mb = samples or profiles[0].micro_batch
     full, small, loss = (group_allreduce_s(view, group, n) for n in (mb * seq_len * dim * 4, 1024,
                                                                       mb * seq_len * 4))
     meet = meeting_s(view, group)

@@ -199,33 +199,22 @@ def _group_seconds(view, group: Sequence[int], fractions: Sequence[float], rows:
 def _backward_done(view, group: Sequence[int], fractions: Sequence[float], rows: int, seq_len: int,
                    dim: int) -> List[float]:
     """When each piece's backward ends in one group's step (pieces in backward order, as
-    ``cost.gradient_layout``): the forward whole, then each piece's backward, each segment between two
-    meetings as long as its slowest member's, with the TP collectives of ``_group_seconds`` placed where
-    they run (forward: the embedding's, two per block, the loss's sums at the head; backward: two per
-    block and the head's input gradient)."""
-    layers = view.profiles[group[0]].layers
+    ``cost.gradient_layout``): the forward whole, then each piece's backward, each piece as
+    ``pipeline_tensor.group_profile`` times it at the group's rows (the slowest member's share, the TP
+    collectives and meetings where they run)."""
+    from hcomm.parallel.planner.pipeline_tensor import group_profile   # (which imports this module)
+
     if not rows:
-        return [0.0] * len(layers)
-    tp = len(group) > 1
-    big = group_allreduce_s(view, group, rows * seq_len * dim * 4) + meeting_s(view, group) if tp else 0.0
-    loss = LOSS_ALLREDUCES * group_allreduce_s(view, group, rows * seq_len * 4) + meeting_s(view, group) \
-        if tp else 0.0
-    last = len(layers) - 1
-    fwd_comm = [big] + [2 * big] * (last - 2) + [0.0, loss]
-    bwd_comm = [0.0] + [2 * big] * (last - 2) + [0.0, big]
-
-    def piece(i: int, forward: bool) -> float:
-        out = 0.0
-        for r, f in zip(group, fractions):
-            c = view.profiles[r].layers[i]
-            whole, fixed = (c.fwd_s, c.fwd_fixed_s) if forward else (c.bwd_s, c.bwd_fixed_s)
-            out = max(out, fixed + (whole - fixed) * rows / view.profiles[r].micro_batch * f)
-        return out
-
-    t = sum(piece(i, True) + fwd_comm[i] for i in range(len(layers)))
+        return [0.0] * len(view.profiles[group[0]].layers)
+    if len(group) > 1:
+        timed = [(c.fwd_s, c.bwd_s) for c in group_profile(view, group, fractions, 0, seq_len, dim, rows).layers]
+    else:
+        mb = view.profiles[group[0]].micro_batch
+        timed = [(c.fwd_at(rows, mb), c.bwd_at(rows, mb)) for c in view.profiles[group[0]].layers]
+    t = sum(f for f, _ in timed)
     done = []
-    for i in reversed(range(len(layers))):
-        t += piece(i, False) + bwd_comm[i]
+    for _, b in reversed(timed):
+        t += b
         done.append(t)
     return done
 
