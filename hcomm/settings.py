@@ -9,6 +9,7 @@ called, so a test can change them with ``monkeypatch.setenv``.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -58,9 +59,9 @@ def declare(name: str, default, help: str, kind: Optional[type] = None) -> Setti
     if not name.startswith("HCOMM_"):
         raise ValueError(f"hcomm settings start with HCOMM_, got {name!r}")
     kind = kind or (type(default) if default is not None else str)
-    import inspect
-
-    caller = inspect.stack()[1].frame.f_globals.get("__name__", "")
+    # the caller's frame only: inspect.stack() read every frame's source line, ~12 ms a call and 0.3 s
+    # of every process's ``import hcomm``
+    caller = sys._getframe(1).f_globals.get("__name__", "")
     setting = Setting(name, default, help, kind, caller)
     old = _REGISTRY.get(name)
     if old is not None and (old.default, old.kind) != (default, kind):

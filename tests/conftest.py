@@ -50,3 +50,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_data_cache(tmp_path_factory):
+    """One tokenised-corpus cache for the whole run (``HCOMM_DATA_CACHE``, inherited by every ``hcomm
+    train`` the tests start): entries are keyed by the corpus files, tokenizer, vocabulary and byte cap and
+    written atomically, so tests share them safely; each launch re-trained the tokenizer on rank 0 before."""
+    os.environ["HCOMM_DATA_CACHE"] = str(tmp_path_factory.mktemp("data-cache"))
+    yield os.environ["HCOMM_DATA_CACHE"]

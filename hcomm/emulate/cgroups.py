@@ -277,11 +277,22 @@ def create_rank(run_id: str, rank: int, quota_us: int, cpu: int, memory_bytes: i
         _write(swap, memory_bytes)
 
 
-def join(run_id: str, rank: int, pid: int = 0) -> None:
-    """Move ``pid`` (0: the calling process) into the rank's cgroups."""
+def join(run_id: str, rank: int, pid: int = 0, controllers=CONTROLLERS) -> None:
+    """Move ``pid`` (0: the calling process) into the rank's cgroups of ``controllers``."""
     pid = pid or os.getpid()
-    for controller in CONTROLLERS:
+    for controller in controllers:
         _write(os.path.join(rank_path(controller, run_id, rank), "cgroup.procs"), pid)
+
+
+def leave(controller: str, pid: int = 0) -> None:
+    """Move ``pid`` (0: the calling process) back to the root cgroup of ``controller`` (no limit)."""
+    _write(os.path.join(ROOT, controller, "cgroup.procs"), pid or os.getpid())
+
+
+def in_cgroup(run_id: str, rank: int, controller: str, pid: int = 0) -> bool:
+    """Whether ``pid`` (0: the calling process) is in the rank's cgroup of ``controller``."""
+    procs = _read(os.path.join(rank_path(controller, run_id, rank), "cgroup.procs")).split()
+    return str(pid or os.getpid()) in procs
 
 
 def oom_kills(run_id: str, rank: int) -> int:

@@ -62,9 +62,11 @@ def node_command(cluster: Cluster, node_index: int, argv: List[str], port: int, 
         *module_command("hcomm.emulate.rankwrap"), "--"] + list(argv)
 
 
-def node_env(cluster: Cluster, node_index: int) -> Dict[str, str]:
+def node_env(cluster: Cluster, node_index: int, defer_quota: bool = False) -> Dict[str, str]:
     node = cluster.spec.nodes[node_index]
     env = _env_with_hcomm(os.environ)
+    # a command that enters its CPU quota itself once started (rankwrap.enter_cpu_quota)
+    env["HCOMM_EMU_DEFER_QUOTA"] = "1" if defer_quota else "0"
     env.update(HCOMM_EMU_NODE=node.name, HCOMM_EMU_ISLAND=node.island,
                HCOMM_EMU_VENDOR=node.vendor, HCOMM_EMU_CLUSTER=cluster.spec_path,
                HCOMM_EMU_RUN="" if cluster.unshaped else cluster.run_id,
@@ -156,8 +158,9 @@ def _wait_all(procs: List[subprocess.Popen], grace: float) -> None:
         time.sleep(0.05)
 
 
-def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -> int:
-    """Run ``argv`` on every rank of a cluster that is already up."""
+def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0, defer_quota: bool = False) -> int:
+    """Run ``argv`` on every rank of a cluster that is already up.  ``defer_quota``: ``argv`` calls
+    ``rankwrap.enter_cpu_quota`` itself once its start-up is done (``hcomm train`` does)."""
     out = out or sys.stdout
     if cluster.unshaped:
         print(_UNSHAPED_BANNER, file=sys.stderr, flush=True)
@@ -168,7 +171,8 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -
     procs, pumps = [], []
     try:
         for i, node in enumerate(cluster.spec.nodes):
-            p = subprocess.Popen(node_command(cluster, i, argv, port, max_restarts), env=node_env(cluster, i),
+            p = subprocess.Popen(node_command(cluster, i, argv, port, max_restarts),
+                                 env=node_env(cluster, i, defer_quota),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  # Launcher SIGKILLed: torchrun gets SIGTERM and
                                  # stops its workers; `down` removes the rest.
@@ -208,7 +212,7 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0) -
 
 
 def run(spec: Union[str, ClusterSpec, None], argv: List[str], unshaped: bool = False,
-        out=None, max_restarts: int = 0) -> int:
+        out=None, max_restarts: int = 0, defer_quota: bool = False) -> int:
     """Bring ``spec`` up, run ``argv`` on every rank, tear down; the exit code."""
     with Cluster(spec, unshaped=unshaped) as cluster:
-        return run_on(cluster, argv, out=out, max_restarts=max_restarts)
+        return run_on(cluster, argv, out=out, max_restarts=max_restarts, defer_quota=defer_quota)

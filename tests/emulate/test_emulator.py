@@ -177,6 +177,34 @@ def test_first_failing_rank_exit_code(emulator):
     assert "rank 1 (node q0) exited with code 7" in out.stderr
 
 
+_QUOTA = ("import os\n"
+          "from hcomm.emulate import cgroups\n"
+          "from hcomm.emulate.rankwrap import HCOMM_EMU_RUN, enter_cpu_quota, leave_cpu_quota\n"
+          "run, rank = HCOMM_EMU_RUN.get(), int(os.environ['RANK'])\n"
+          "seen = [cgroups.in_cgroup(run, rank, c) for c in ('cpu', 'memory', 'cpuset')]\n"
+          "entered = enter_cpu_quota()\n"
+          "seen.append(cgroups.in_cgroup(run, rank, 'cpu'))\n"
+          "leave_cpu_quota()\n"
+          "seen.append(cgroups.in_cgroup(run, rank, 'cpu'))\n"
+          "print('QUOTA', entered, seen)\n")
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_a_deferred_rank_enters_its_cpu_quota_itself(emulator, defer):
+    """``defer_quota`` (what ``hcomm train`` launches with): a rank starts in its memory and cpuset cgroups
+    but not its CPU quota, enters the quota by ``enter_cpu_quota`` and leaves it by ``leave_cpu_quota``;
+    without it the rank is in all three from the start and both calls do nothing."""
+    import io
+
+    from hcomm.emulate import run
+
+    out = io.StringIO()
+    assert run(SMALL, [sys.executable, "-c", _QUOTA], out=out, defer_quota=defer) == 0, out.getvalue()
+    lines = sorted(line for line in out.getvalue().splitlines() if "] QUOTA " in line)
+    want = "True [False, True, True, True, False]" if defer else "False [True, True, True, True, True]"
+    assert lines == [f"[p0 r0] QUOTA {want}", f"[q0 r1] QUOTA {want}"], out.getvalue()
+
+
 def test_unshaped_says_nothing_is_emulated():
     code = "import os\nprint('ENV', os.environ['RANK'], os.environ['HCOMM_EMU_DEVICE'])"
     out = hcomm_cli("run", "--unshaped", "--cluster", SMALL, "--", sys.executable, "-c", code)

@@ -23,7 +23,7 @@ TINY = ["--model", "tiny", "--seq-len", "32", "--vocab", "512", "--data-bytes", 
 
 
 def _train(tmp_path, *args, timeout=400):
-    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp_path / "data"),
+    env = dict(os.environ, PYTHONPATH=REPO,
                HCOMM_PROFILE_CACHE=str(tmp_path / "profiles"))
     return subprocess.run([sys.executable, "-m", "hcomm", "train", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -115,7 +115,7 @@ def test_a_killed_rank_of_the_other_island_restarts_from_the_checkpoint(emulator
     out = subprocess.run([sys.executable, "-m", "hcomm", "train", *common, "--plan", str(plan),
                           "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt), "--max-restarts", "1",
                           "--json", str(tmp_path / "fault.json")], cwd=REPO, timeout=500, capture_output=True,
-                         text=True, env=dict(env_fault, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp_path / "data"),
+                         text=True, env=dict(env_fault, PYTHONPATH=REPO,
                                              HCOMM_PROFILE_CACHE=str(tmp_path / "profiles")))
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-5000:]

@@ -20,7 +20,7 @@ def train_local(tmp, plans: List[str], steps: int, *extra: str, env: Optional[Di
     ``env``: settings for this run.  A failing run fails the test with the lines that say why and the
     full log's path."""
     out_json = tmp / "run.json"
-    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp / "data"),
+    env = dict(os.environ, PYTHONPATH=REPO,
                HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1", **(env or {}))
     out = subprocess.run([sys.executable, "-m", "hcomm", "train", *TINY, "--steps", str(steps), "--warmup-steps", "1",
                           *extra, "--plan", ",".join(plans), "--json", str(out_json)],
@@ -37,7 +37,7 @@ def train_local(tmp, plans: List[str], steps: int, *extra: str, env: Optional[Di
 
 def plan_local(tmp, *args: str) -> str:
     """``hcomm plan --local`` on the tiny model (no training); its stdout."""
-    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp / "data"),
+    env = dict(os.environ, PYTHONPATH=REPO,
                HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "hcomm", "plan", *TINY, *args], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)

@@ -26,7 +26,7 @@ TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", 
 
 
 def _train(tmp_path, *extra, fault=None, timeout=300):
-    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp_path / "data"),
+    env = dict(os.environ, PYTHONPATH=REPO,
                HCOMM_PROFILE_CACHE=str(tmp_path / "profiles"))
     env.pop("HCOMM_TRAIN_FAULT", None)
     if fault:

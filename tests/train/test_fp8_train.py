@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_fp8_ranks_train_within_the_fp8_bound_of_fp32(tmp_path):
-    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp_path / "data"),
+    env = dict(os.environ, PYTHONPATH=REPO,
                HCOMM_PROFILE_CACHE=str(tmp_path / "profiles"))
     out_json = tmp_path / "run.json"
     out = subprocess.run([sys.executable, "-m", "hcomm", "train", "--local", "--cluster",

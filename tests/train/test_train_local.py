@@ -19,7 +19,7 @@ TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", 
 
 
 def _train(tmp_path, *extra, timeout=240):
-    env = dict(os.environ, PYTHONPATH=REPO, HCOMM_DATA_CACHE=str(tmp_path / "data"),
+    env = dict(os.environ, PYTHONPATH=REPO,
                HCOMM_PROFILE_CACHE=str(tmp_path / "profiles"))
     return subprocess.run([sys.executable, "-m", "hcomm", "train", *TINY, *extra], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
