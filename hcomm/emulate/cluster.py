@@ -164,7 +164,8 @@ class Cluster:
                                 self.cpu_plan.cpu_of[r.rank], r.memory_bytes,
                                 self.cpu_plan.period_us, r.speed)
         # Measured correction: quotas do not buy work proportionally on a VM.
-        self.cpu_plan = retune(self.run_id, self.cpu_plan, {r.rank: r.speed for r in self.spec.ranks})
+        self.cpu_plan = retune(self.run_id, self.cpu_plan, {r.rank: r.speed for r in self.spec.ranks},
+                               state.state_dir())
 
     def set_speed(self, rank: int, speed: float) -> None:
         """Change a running rank's compute speed (a straggler appearing: throttling, a noisy neighbour):

@@ -1,0 +1,46 @@
+"""The quota retune loop and its per-boot cache, on a model of a box (no root: cgroup writes recorded)."""
+from hcomm.emulate import cgroups, retune
+
+
+def _box(monkeypatch, efficiency):
+    """A box where rank r's probe rate is its quota x ``efficiency[r]``; returns the measure-call log."""
+    quotas, calls = {}, []
+
+    def write(path, value):
+        rank = int(path.split("/rank")[1].split("/")[0])
+        quotas[rank] = int(value)
+
+    def measure(run_id, ranks):
+        calls.append(dict(quotas))
+        return {r: quotas[r] * efficiency[r] for r in ranks}
+
+    monkeypatch.setattr(cgroups, "_write", write)
+    monkeypatch.setattr(retune, "measure", measure)
+    return quotas, calls
+
+
+def test_a_known_shape_starts_from_its_corrections(monkeypatch, tmp_path):
+    """Rank 1's quota buys 0.7 of its promise.  From the plan: round 1 measures rates 2000 and 700 for speeds
+    1 and 0.5 (rank 1 30 % short), both aim at sqrt(2000 x 1400) = 1673.3 per unit speed: quotas 1673 and
+    1195; round 2 measures 1673 and 836.5, within the goal.  The next up of the same plan starts there and
+    measures once; another plan (other quotas) starts from its own plan."""
+    plan = cgroups.CpuPlan(cores=2, scale=0.5, quota_us={0: 2000, 1: 1000}, cpu_of={0: 0, 1: 1})
+    speeds = {0: 1.0, 1: 0.5}
+    quotas, calls = _box(monkeypatch, {0: 1.0, 1: 0.7})
+    quotas.update(plan.quota_us)
+    first = retune.retune("run", plan, speeds, str(tmp_path))
+    assert calls == [{0: 2000, 1: 1000}, {0: 1673, 1: 1195}]
+    assert first.quota_us == {0: 1673, 1: 1195} and first.retuned == {0: 1673 / 2000, 1: 1195 / 1000}
+    calls.clear()
+    quotas.update(plan.quota_us)   # a fresh cluster's cgroups hold the plan's quotas
+    again = retune.retune("run", plan, speeds, str(tmp_path))
+    assert calls == [{0: 1673, 1: 1195}] and again.quota_us == first.quota_us
+    calls.clear()
+    other = cgroups.CpuPlan(cores=2, scale=0.5, quota_us={0: 2400, 1: 1200}, cpu_of={0: 0, 1: 1})
+    quotas.update(other.quota_us)
+    retune.retune("run", other, speeds, str(tmp_path))
+    assert calls[0] == {0: 2400, 1: 1200} and len(calls) == 2
+    calls.clear()
+    quotas.update(plan.quota_us)   # without a cache folder: from the plan, as before
+    retune.retune("run", plan, speeds)
+    assert calls[0] == {0: 2000, 1: 1000} and len(calls) == 2
