@@ -77,6 +77,11 @@ def node_env(cluster: Cluster, node_index: int, defer_quota: bool = False) -> Di
     return env
 
 
+def _ranks_ended(run_dir: str, ranks: List[int]) -> bool:
+    """Whether every one of ``ranks`` has left an exit record, whatever its code."""
+    return all(os.path.exists(os.path.join(run_dir, f"rank{rank}.exit.json")) for rank in ranks)
+
+
 def _ranks_succeeded(run_dir: str, ranks: List[int]) -> bool:
     """Whether every one of ``ranks`` has left an exit record of 0 (rankwrap writes it as a rank ends)."""
     for rank in ranks:
@@ -90,11 +95,13 @@ def _ranks_succeeded(run_dir: str, ranks: List[int]) -> bool:
 
 
 def _pump(stream, node_name: str, out, proc: Optional[subprocess.Popen] = None,
-          succeeded: Optional[Callable[[], bool]] = None) -> None:
+          succeeded: Optional[Callable[[], bool]] = None, stopped: Optional[set] = None,
+          node_index: int = -1) -> None:
     """Copies a node's output, the agent's own lines prefixed ``[node torchrun]``.  What the agent says
     after every rank of its node succeeded is held back and dropped if the agent then exits 0: it is its
     rendezvous shutdown racing node 0's agent, which hosts the store and may have gone already (a C++
-    ``recvVector failed`` trace and "failed to shutdown the rendezvous"); the job is over and fine."""
+    ``recvVector failed`` trace and "failed to shutdown the rendezvous"); the job is over and fine.  So is
+    what an agent says after the launcher stopped it (its node in ``stopped``: its ranks had all ended)."""
     marker = f"[{node_name} r"
     late: List[str] = []
     for line in iter(stream.readline, ""):
@@ -105,7 +112,7 @@ def _pump(stream, node_name: str, out, proc: Optional[subprocess.Popen] = None,
         else:
             out.write(f"[{node_name} torchrun] {line}")
         out.flush()
-    if late and (proc is None or proc.wait() != 0):
+    if late and (proc is None or proc.wait() != 0) and not (stopped and node_index in stopped):
         out.write("".join(late))
         out.flush()
 
@@ -136,7 +143,13 @@ def first_failure(spec: ClusterSpec, run_dir: str) -> Optional[Tuple[int, str]]:
     return describe_failure(spec, min(records, key=lambda r: r["time"]))
 
 
-def _wait_all(procs: List[subprocess.Popen], grace: float) -> None:
+def _wait_all(procs: List[subprocess.Popen], grace: float, ranks_ended: Callable[[int], bool] = lambda i: False,
+              stopped: Optional[set] = None) -> None:
+    """Until every node's torchrun has exited.  Once one failed, the others get ``grace`` seconds to end
+    on their own; a node whose ranks have all ended (``ranks_ended``) is killed at once instead: its
+    agent only waits in torchrun's exit barrier for the failed node's, which never comes, and inside
+    that wait it does not act on SIGTERM (the grace and 15 s more: 25 s of a 1-second job whose rank
+    exits 7); nothing of the job is left under it.  Nodes stopped so go in ``stopped``."""
     failed_at = None
     while True:
         codes = [p.poll() for p in procs]
@@ -144,6 +157,12 @@ def _wait_all(procs: List[subprocess.Popen], grace: float) -> None:
             return
         if failed_at is None and any(c not in (None, 0) for c in codes):
             failed_at = time.monotonic()
+        if failed_at is not None:
+            for i, p in enumerate(procs):
+                if codes[i] is None and ranks_ended(i) and (stopped is None or i not in stopped):
+                    if stopped is not None:
+                        stopped.add(i)
+                    p.kill()
         if failed_at is not None and time.monotonic() - failed_at > grace:
             for p in procs:
                 if p.poll() is None:
@@ -168,7 +187,7 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0, d
     run_dir = os.path.dirname(cluster.spec_path)
     for stale in glob.glob(os.path.join(run_dir, "rank*.exit.json")):   # exit records of an earlier run
         os.remove(stale)
-    procs, pumps = [], []
+    procs, pumps, stopped = [], [], set()
     try:
         for i, node in enumerate(cluster.spec.nodes):
             p = subprocess.Popen(node_command(cluster, i, argv, port, max_restarts),
@@ -180,11 +199,15 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0, d
             procs.append(p)
             ranks = [r.rank for r in node.ranks]
             t = threading.Thread(target=_pump, args=(p.stdout, node.name, out, p,
-                                                     lambda ranks=ranks: _ranks_succeeded(run_dir, ranks)),
+                                                     lambda ranks=ranks: _ranks_succeeded(run_dir, ranks),
+                                                     stopped, i),
                                  daemon=True)
             t.start()
             pumps.append(t)
-        _wait_all(procs, HCOMM_EMU_GRACE.get())
+        node_ranks = [[r.rank for r in node.ranks] for node in cluster.spec.nodes]
+        # with restarts a record may be an earlier attempt's while the rank runs again: no early stop
+        ended = ((lambda i: _ranks_ended(run_dir, node_ranks[i])) if max_restarts == 0 else (lambda i: False))
+        _wait_all(procs, HCOMM_EMU_GRACE.get(), ended, stopped)
     finally:
         for p in procs:  # Ctrl-C or an error here: stop the nodes before teardown
             if p.poll() is None:
