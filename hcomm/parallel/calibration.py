@@ -150,7 +150,8 @@ def describe(factors: Dict[str, Sequence[float]]) -> str:
         f"{name} " + "/".join(f"{r:.2f}" for r in ratios) + (
             f" (at {_sizes(P2P_BYTES)})" if name.startswith("p2p@") else
             f" (ms at {_sizes(P2P_BYTES)})" if name.startswith("host@") else
-            " (ms per meeting)" if name.startswith("meeting@") else "")
+            " (ms per meeting)" if name.startswith("meeting@") else
+            " (of a core, per rank)" if name == "cpu share" else "")
         for name, ratios in factors.items())
 
 
@@ -201,6 +202,18 @@ def _fit(times: Sequence[float]) -> Tuple[float, float]:
     return max(0.0, t1 - n1 / beta), beta
 
 
+def cpu_shares(default_group, window: float = 0.1) -> List[float]:
+    """Every rank's ``cpu_share``, measured on all ranks at once (for ``window`` / 2), on every rank: what a
+    message's CPU seconds cost each rank (``ClusterView.p2p_host_s``).  On ``mixed`` the V100 ranks get
+    about half the A100s' share, and their pipeline actions' sends and receives took twice as long."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([cpu_share(window / 2)], dtype=torch.float64)
+    shares = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(default_group))]
+    dist.all_gather(shares, mine, group=default_group)
+    return [float(x) for x in shares]
+
+
 def p2p_links(topo, group, default_group, window: float = 0.1) -> Dict[str, Tuple[float, float]]:
     """Measured (alpha, beta) of the "intra" tier (ranks 0 and 1 of every island at once; the slowest
     island's) and the "inter" tier (island 0's first rank with each other island's, in turn; the
@@ -208,25 +221,23 @@ def p2p_links(topo, group, default_group, window: float = 0.1) -> Dict[str, Tupl
     (``hcomm.profiling.probe_pairs``), but timed through ``send``/``recv`` on the group with everything a
     pipeline's transfer costs on top of the wire.
 
-    Also "host@intra" and "host@inter": the (alpha, beta) of the seconds one end of such a transfer
-    takes of its rank's own time -- the CPU seconds per message over the rank's ``cpu_share`` (measured
-    first on every rank at once, for ``window`` / 2).  Measured 2026-12-04 per 64 KiB message: 0.5-0.9
-    ms of a 1 ms one-way time between two emulated ranks sharing memory, 0.07-0.14 ms of 1.2 ms across a
-    TCP link."""
+    Also "host@intra" and "host@inter": the (alpha, beta) of the CPU seconds one end of such a transfer
+    spends on it (what it takes of a rank's time is that over the rank's share of a core,
+    ``cpu_shares``).  Measured 2026-12-04 per 64 KiB message, over the share: 0.5-0.9 ms of a 1 ms
+    one-way time between two emulated ranks sharing memory, 0.07-0.14 ms of 1.2 ms across a TCP link."""
     import torch.distributed as dist
 
     from hcomm.profiling import probe_pairs
 
     rank = dist.get_rank()
     n = len(topo.islands)
-    share = cpu_share(window / 2)
     # per island: intra (alpha, beta, host alpha, host beta); then the same for inter
     slots = torch.zeros(8 * n, dtype=torch.float64)
 
     def probe(peer: int, slot: int, record: bool):
         timed = [_one_way_s(group, rank, peer, b, k) for b, k in zip(P2P_BYTES, P2P_ROUND_TRIPS)]
         alpha, beta = _fit([wall for wall, _ in timed])
-        host_alpha, host_beta = _fit([cpu / share for _, cpu in timed])
+        host_alpha, host_beta = _fit([cpu for _, cpu in timed])
         if record:
             slots[slot:slot + 4] = torch.tensor([alpha, min(beta, 1e15), host_alpha, min(host_beta, 1e15)],
                                                 dtype=torch.float64)

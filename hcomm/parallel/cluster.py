@@ -47,6 +47,9 @@ class ClusterView:
     # per island, the seconds a meeting point of its ranks costs beyond the computation and the collective
     # (``calibration.meeting_s``; empty: not measured, nothing): every TP collective pays it
     island_meeting_s: List[float] = field(default_factory=list)
+    # per rank, the fraction of a core it gets while every rank computes (``calibration.cpu_shares``; empty:
+    # not measured, a whole core): a message's CPU seconds over it are that rank's time
+    cpu_share: List[float] = field(default_factory=list)
 
     def p2p_s(self, a: int, b: int, nbytes: int) -> float:
         """Seconds to send ``nbytes`` from rank a to rank b: the alpha-beta model of the tier joining them
@@ -76,12 +79,14 @@ class ClusterView:
         return ((a, b),) if ia == ib else (("out", ia), ("in", ib))
 
     def p2p_host_s(self, a: int, b: int, nbytes: int) -> float:
-        """Seconds of rank a's (or b's) own time one pipeline transfer of ``nbytes`` between them costs it,
-        at either end, while the ranks compute: the measured CPU time of a message on that tier over the
-        rank's share of a core (``calibration.p2p_links``, "host@intra" / "host@inter"), times the
-        measured slowdown of communication beside computation.  Without that measurement: nothing.
-        On ``two-islands`` a schedule that charged no host time predicted 815 ms for a measured 964 ms
-        (pp=4, 16 micro-batches of 1: 64 messages per rank)."""
+        """Seconds of rank a's own time its end of one pipeline transfer of ``nbytes`` between a and b
+        costs it while the ranks compute: the measured CPU seconds of a message on that tier
+        (``calibration.p2p_links``, "host@intra" / "host@inter") over rank a's share of a core
+        (``cpu_share``; unmeasured: a whole core), times the measured slowdown of communication beside
+        computation.  Without that measurement: nothing.  On ``two-islands`` a schedule that charged no
+        host time predicted 815 ms for a measured 964 ms (pp=4, 16 micro-batches of 1: 64 messages per
+        rank); on ``mixed`` one share for every rank (the lead's) charged the V100 ranks, with half the
+        A100s' share, half their time outside the chunks."""
         if a == b:
             return 0.0
         tier = "intra" if self.island_of(a) == self.island_of(b) else "inter"
@@ -89,7 +94,8 @@ class ClusterView:
         if fit is None:
             return 0.0
         alpha, beta = fit
-        return (alpha + nbytes / beta) * self.overlap_slowdown
+        share = self.cpu_share[a] if self.cpu_share else 1.0
+        return (alpha + nbytes / beta) / share * self.overlap_slowdown
 
     def allreduce(self, compression: str = "none") -> AllReduceTime:
         """All-reduce time over every rank with ``compression`` on the weak tier."""
@@ -208,10 +214,12 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
     ratios = calibration.corrections(hcomm_group, list(zip(ops, whole)), window) if window > 0 else ones
     measured: Dict[str, List[float]] = {}
     links = {tier: (link.alpha, link.beta) for tier, link in topo.links.items()}
-    slowdown = 1.0
+    slowdown, shares = 1.0, []
     if window > 0:
         slowdown = calibration.overlap_slowdown(hcomm_group, window)
         measured["all_reduce beside compute"] = [slowdown]
+        shares = calibration.cpu_shares(default_group, window)
+        measured["cpu share"] = shares
         timed = calibration.p2p_links(topo, hcomm_group, default_group, window)
         for tier, fit in timed.items():
             if tier in links:
@@ -240,4 +248,4 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
         compressed_allreduce_s={c: calibration.corrected(interpolated(sample_compressed(hcomm_group, c)), ratios[0])
                                 for c in sorted(set(compressions) - {"", "none"})},
         calibration=measured, overlap_slowdown=slowdown,
-        island_meeting_s=[gathered[m[0]][2] for m in topo.islands])
+        island_meeting_s=[gathered[m[0]][2] for m in topo.islands], cpu_share=shares)

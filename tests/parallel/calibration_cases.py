@@ -24,6 +24,6 @@ def case_discover(ctx, islands, window: float):
         plain = discover(groups.default, groups.hcomm, groups.island, profiles=[None] * ctx.world,
                          optimizer_s=[0.0] * ctx.world, calibrate_s=0.0)
         return (view.calibration, values, plain.calibration, [plain.allreduce_s(n) for n in sizes],
-                (view.island_meeting_s, plain.island_meeting_s))
+                (view.island_meeting_s, plain.island_meeting_s), (view.cpu_share, plain.cpu_share))
     finally:
         dist.destroy_process_group()

@@ -96,13 +96,18 @@ def test_unknown_collective_is_refused():
 
 def test_live_discovery_gives_every_rank_one_calibrated_view(pool4):
     out = pool4.run(calibration_cases.case_discover, ["a", "a", "b", "b"], 0.02)
-    ratios, values, plain, plain_values, meetings = out[0]
+    ratios, values, plain, plain_values, meetings, shares = out[0]
     for other in out[1:]:   # the same view everywhere: the slowest rank's mean is agreed by all
         assert other[0] == ratios
     names = {f"{op}{suffix}" for op in calibration.OPS for suffix in ("", "@a", "@b")}
     assert set(ratios) == names | {"p2p@intra", "p2p@inter", "host@intra", "host@inter",
-                                   "all_reduce beside compute", "meeting@a", "meeting@b"}
+                                   "all_reduce beside compute", "meeting@a", "meeting@b", "cpu share"}
+    # every rank's share of a core, one value per rank, the view's own
+    assert len(ratios["cpu share"]) == 4 and all(0 < s <= 1 for s in ratios["cpu share"])
+    assert shares == (ratios["cpu share"], [])
     for name, rs in ratios.items():
+        if name == "cpu share":
+            continue
         sizes = calibration.P2P_BYTES if name.startswith(("p2p@", "host@")) else CALIBRATION_BYTES
         single = name == "all_reduce beside compute" or name.startswith("meeting@")
         assert len(rs) == (1 if single else len(sizes)), name

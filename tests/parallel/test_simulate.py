@@ -94,6 +94,12 @@ def test_gpipe_two_stages_one_micro_batch_by_hand(slowdown):
     # one replica: no stage sync; the optimizer on the largest stage's share of the parameters (3/5)
     host = (2e-5 + boundary_bytes(DIM, SEQ) / 4e9) * slowdown
     assert sim.step_s == pytest.approx(f0 + send + f1 + b1 + send + b0 + 4 * host + 0.01 * 3 / 5)
+    # each end at its own host's pace (``cpu_share``): rank 1 gets a quarter of a core, so its two ends
+    # (F1 receives, B1 sends) take 4x as long, rank 0's two stay
+    v.cpu_share = [1.0, 0.25]
+    assert simulate(plan, v, dim=DIM).step_s == pytest.approx(f0 + send + f1 + b1 + send + b0 + (2 + 2 * 4) * host
+                                                              + 0.01 * 3 / 5)
+    v.cpu_share = []
     assert sim.kind == "pipeline"
     assert sim.memory_bytes[0] == 2 * 4 * MiB + 2 * MiB and sim.memory_bytes[1] == 3 * 4 * MiB + 3 * MiB
 

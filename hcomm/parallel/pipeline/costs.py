@@ -9,7 +9,7 @@ from hcomm.parallel.pipeline.schedule_cost import check_schedule, lower_bound, s
 
 MiB = 1 << 20
 LinkTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds to send from a to b
-HostTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds either end spends on that message
+HostTime = Callable[[int, int, int], float]   # (rank_a, rank_b, nbytes) -> seconds a's end spends on that message
 LinksOf = Callable[[int, int], Tuple[Hashable, ...]]   # (rank_a, rank_b) -> the links a transfer from a to b occupies
 
 
@@ -116,16 +116,16 @@ class PipelineCosts:
         # leave it out, so they stay lower bounds and the search stays exact)
         for k in range(self.K - 1):
             if dev[k] != dev[k + 1]:
-                h = self.host(dev[k], dev[k + 1], cuts[k + 1])
-                fwd[k] += h        # F(k) sends its output, F(k + 1) receives it
-                fwd[k + 1] += h
-                bwd[k + 1] += h    # B(k + 1) sends the input gradient, B(k) receives it
-                bwd[k] += h
+                here, there = self.host(dev[k], dev[k + 1], cuts[k + 1]), self.host(dev[k + 1], dev[k], cuts[k + 1])
+                fwd[k] += here        # F(k) sends its output, F(k + 1) receives it
+                fwd[k + 1] += there
+                bwd[k + 1] += there   # B(k + 1) sends the input gradient, B(k) receives it
+                bwd[k] += here
         return dev, fwd, bwd, cf, cb
 
     def host(self, a: int, b: int, cut: int) -> float:
-        """Seconds one end of a transfer at ``cut`` between devices a and b spends on it (the same for the
-        sender and the receiver)."""
+        """Seconds device a's end of a transfer at ``cut`` between devices a and b takes of a's time (the
+        sender's and the receiver's alike; each end at its own host's pace)."""
         key = (a, b, self.boundary[cut - 1] * self.mb)
         if key not in self._hosts:
             self._hosts[key] = float(self.host_fn(self.profiles[a].rank, self.profiles[b].rank, key[2]))
@@ -175,7 +175,9 @@ def interchangeable(costs: PipelineCosts) -> List[List[int]]:
     pipeline without changing any cost: same per-piece costs and budget, same links to every other
     device (and both ways between them), the same shared links to every other device (``links_of``:
     two devices of one island, not one of each).  Swaps compose, so each class is closed under them."""
-    link = costs.link
+    def link(x: int, y: int, j: int):   # what a transfer costs on the wire and each end's host
+        return costs.link(x, y, j), costs.host(x, y, j), costs.host(y, x, j)
+
     byte_cuts = list({costs.boundary[j - 1]: j for j in range(1, costs.n)}.values())  # a cut per distinct size
     rank = [q.rank for q in costs.profiles]
 

@@ -115,7 +115,9 @@ def group_view(view, groups: List[List[int]], fractions: Sequence[Sequence[float
         island_names=[view.island_names[k] for k in keep] if view.island_names else [],
         compressed_allreduce_s=dict(view.compressed_allreduce_s),
         links=_shared_links(view.links, len(groups[0]), keep), calibration=dict(view.calibration),
-        overlap_slowdown=view.overlap_slowdown)
+        overlap_slowdown=view.overlap_slowdown,
+        # a group's sends and receives wait for its slowest host
+        cpu_share=[min(view.cpu_share[r] for r in g) for g in groups] if view.cpu_share else [])
 
 
 def _shared_links(links, tp: int, keep: List[int]):
