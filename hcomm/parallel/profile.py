@@ -56,6 +56,15 @@ class LayerCost:
     fwd_fixed_s: float = 0.0
     bwd_fixed_s: float = 0.0
 
+    def __post_init__(self):
+        # A fixed part above the measured time makes the line fall with more samples, below 0 at large
+        # micro-batches, and a pipeline of such pieces simulates to a 0 ms step: refuse it where it enters
+        # (a profile file, a cache, a store exchange), not where the planner divides by it.
+        for total, fixed, what in ((self.fwd_s, self.fwd_fixed_s, "forward"), (self.bwd_s, self.bwd_fixed_s, "backward")):
+            if not (0.0 <= fixed <= total < math.inf):
+                raise ValueError(f"piece {self.name!r}: {what} seconds must be finite with 0 <= fixed part <= "
+                                 f"the measured time; got fixed {fixed!r} of {total!r}")
+
     def fwd_at(self, samples: float, measured: int) -> float:
         """Forward seconds at ``samples`` per micro-batch, from the profile's ``measured`` micro-batch:
         the fixed part plus the per-sample part scaled linearly."""
@@ -139,9 +148,12 @@ class DeviceProfile:
         """This profile with each piece's fixed cost, from ``one`` measured at one sample per micro-batch.
 
         A two-point line through t(1) and t(m): per-sample slope (t(m) - t(1)) / (m - 1), fixed part
-        t(1) - slope, kept within [0, t(1)] against noise.  Pipelines run micro-batches far below the
-        data-parallel profile's (on the CPU here the small model takes 47 ms per sample alone and
-        31 ms per sample in fours: a linear scale-down misses a third).
+        t(1) - slope, kept within [0, min(t(1), t(m))] against noise.  Pipelines run micro-batches far
+        below the data-parallel profile's (on the CPU here the small model takes 47 ms per sample alone and
+        31 ms per sample in fours: a linear scale-down misses a third).  A piece that ran slower at one
+        sample than at m (4 ranks sharing 2 cores: a V100 block 2.49 ms at one sample, 0.86 ms at two)
+        gets no per-sample part at all, not a negative one: its fixed part t(1) with a falling line
+        predicted -0.78 ms at four samples, and a pipeline of such pieces simulated to a 0 ms step.
         """
         if one.micro_batch != 1 or self.micro_batch <= 1 or len(one.layers) != len(self.layers):
             raise ValueError(f"with_fixed_costs needs a profile at micro-batch 1 of the same pieces and this one "
@@ -150,7 +162,7 @@ class DeviceProfile:
 
         def fixed(t_m: float, t_1: float) -> float:
             slope = (t_m - t_1) / (m - 1)
-            return min(max(t_1 - slope, 0.0), t_1)
+            return min(max(t_1 - slope, 0.0), t_1, t_m)
 
         layers = [dataclasses.replace(c, fwd_fixed_s=fixed(c.fwd_s, c1.fwd_s), bwd_fixed_s=fixed(c.bwd_s, c1.bwd_s))
                   for c, c1 in zip(self.layers, one.layers)]

@@ -444,8 +444,8 @@ def test_a_fixed_order_replica_takes_a_micro_batch_count_that_fits():
     from hcomm.parallel.planner.pipeline_step import transfer_costs
 
     def prof(rank):
-        layers = [LayerCost(f"p{i}", 0.01, 0.02, 4 * MiB, 4 * MiB, 8 * MiB, 64 * MiB, fwd_fixed_s=0.05,
-                            bwd_fixed_s=0.1) for i in range(4)]
+        layers = [LayerCost(f"p{i}", 0.01, 0.02, 4 * MiB, 4 * MiB, 8 * MiB, 64 * MiB, fwd_fixed_s=0.005,
+                            bwd_fixed_s=0.01) for i in range(4)]
         return DeviceProfile(rank, "X", 1, 16, layers, 448 * MiB, 0, "test", 0.0, "measured")
 
     allreduce = lambda n: 1e-3 + n / 1e9  # noqa: E731

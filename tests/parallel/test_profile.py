@@ -309,8 +309,21 @@ def test_fixed_costs_from_a_second_profile_at_one_sample():
     # noise that would make the fixed part negative (t(1) below the line) clamps it to 0: linear scaling
     flat = prof(4, 4.0, 4.0).with_fixed_costs(prof(1, 0.5, 1.0))
     assert flat.layers[0].fwd_fixed_s == 0.0 and flat.layers[0].fwd_at(2, 4) == 2.0
+    # t(1) above t(m) (a noisy one-sample run: a V100 block on 4 ranks sharing 2 cores measured 2.49 ms
+    # at one sample, 0.856 ms at two): the fixed part is t(m) itself, no per-sample part, never a line
+    # falling below 0 at larger micro-batches (it was t(1): -0.78 ms at four samples, a 0 ms pipeline)
+    falling = prof(2, 0.856, 1.258).with_fixed_costs(prof(1, 2.491, 2.258))
+    c = falling.layers[0]
+    assert (c.fwd_fixed_s, c.bwd_fixed_s) == (0.856, 1.258)
+    assert [c.fwd_at(s, 2) for s in (1, 2, 4, 64)] == [0.856] * 4 and c.bwd_at(64, 2) == 1.258
     with pytest.raises(ValueError, match="micro-batch 1"):
         prof(4, 1.0, 1.0).with_fixed_costs(prof(2, 1.0, 1.0))
+    # a profile file (or cache) whose fixed part exceeds the measured time, or a time below 0 or not a
+    # number, is refused where it is read
+    for change, what in (({"fwd_fixed_s": 0.9}, "forward.*fixed 0.9 of 0.856"), ({"bwd_s": -1.0}, "backward"),
+                         ({"fwd_s": float("nan")}, "forward")):
+        with pytest.raises(ValueError, match=f"piece 'p': {what}"):
+            LayerCost.from_dict(dict(vars(c), **change))
 
 
 def test_a_profile_in_low_precision_runs_under_trainings_autocast(tiny, tiny_profile, one_thread):

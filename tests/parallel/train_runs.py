@@ -9,6 +9,8 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
+from tests.helpers.launch import LOCAL_LAUNCH
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", "--vocab", "512",
         "--data-bytes", "600000", "--profile-budget", "1", "--eval-batches", "2"]
@@ -20,7 +22,7 @@ def train_local(tmp, plans: List[str], steps: int, *extra: str, env: Optional[Di
     ``env``: settings for this run.  A failing run fails the test with the lines that say why and the
     full log's path."""
     out_json = tmp / "run.json"
-    env = dict(os.environ, PYTHONPATH=REPO,
+    env = dict(os.environ, PYTHONPATH=REPO, **LOCAL_LAUNCH,
                HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1", **(env or {}))
     out = subprocess.run([sys.executable, "-m", "hcomm", "train", *TINY, "--steps", str(steps), "--warmup-steps", "1",
                           *extra, "--plan", ",".join(plans), "--json", str(out_json)],
@@ -37,7 +39,7 @@ def train_local(tmp, plans: List[str], steps: int, *extra: str, env: Optional[Di
 
 def plan_local(tmp, *args: str) -> str:
     """``hcomm plan --local`` on the tiny model (no training); its stdout."""
-    env = dict(os.environ, PYTHONPATH=REPO,
+    env = dict(os.environ, PYTHONPATH=REPO, **LOCAL_LAUNCH,
                HCOMM_PROFILE_CACHE=str(tmp / "profiles"), OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "hcomm", "plan", *TINY, *args], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)

@@ -19,6 +19,8 @@ import sys
 
 import pytest
 
+from tests.helpers.launch import LOCAL_LAUNCH
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", "--vocab", "512",
         "--data-bytes", "600000", "--profile-budget", "1", "--eval-batches", "2", "--steps", "6",
@@ -26,7 +28,7 @@ TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", 
 
 
 def _train(tmp_path, *extra, fault=None, timeout=300):
-    env = dict(os.environ, PYTHONPATH=REPO,
+    env = dict(os.environ, PYTHONPATH=REPO, **LOCAL_LAUNCH,
                HCOMM_PROFILE_CACHE=str(tmp_path / "profiles"))
     env.pop("HCOMM_TRAIN_FAULT", None)
     if fault:

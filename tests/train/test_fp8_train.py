@@ -15,12 +15,14 @@ import sys
 
 import pytest
 
+from tests.helpers.launch import LOCAL_LAUNCH
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_fp8_ranks_train_within_the_fp8_bound_of_fp32(tmp_path):
-    env = dict(os.environ, PYTHONPATH=REPO,
+    env = dict(os.environ, PYTHONPATH=REPO, **LOCAL_LAUNCH,
                HCOMM_PROFILE_CACHE=str(tmp_path / "profiles"))
     out_json = tmp_path / "run.json"
     out = subprocess.run([sys.executable, "-m", "hcomm", "train", "--local", "--cluster",

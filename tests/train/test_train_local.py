@@ -13,13 +13,15 @@ import sys
 
 import pytest
 
+from tests.helpers.launch import LOCAL_LAUNCH
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--local", "--model", "tiny", "--global-batch", "8", "--seq-len", "32", "--vocab", "512",
         "--data-bytes", "600000", "--profile-budget", "1", "--eval-batches", "2"]
 
 
 def _train(tmp_path, *extra, timeout=240):
-    env = dict(os.environ, PYTHONPATH=REPO,
+    env = dict(os.environ, PYTHONPATH=REPO, **LOCAL_LAUNCH,
                HCOMM_PROFILE_CACHE=str(tmp_path / "profiles"))
     return subprocess.run([sys.executable, "-m", "hcomm", "train", *TINY, *extra], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
