@@ -202,13 +202,21 @@ def _fit(times: Sequence[float]) -> Tuple[float, float]:
     return max(0.0, t1 - n1 / beta), beta
 
 
+SHARE_MIN_WINDOW_S = 0.1
+
+
 def cpu_shares(default_group, window: float = 0.1) -> List[float]:
     """Every rank's ``cpu_share``, measured on all ranks at once (for ``window`` / 2), on every rank: what a
     message's CPU seconds cost each rank (``ClusterView.p2p_host_s``).  On ``mixed`` the V100 ranks get
-    about half the A100s' share, and their pipeline actions' sends and receives took twice as long."""
+    about half the A100s' share, and their pipeline actions' sends and receives took twice as long.
+
+    The ranks start together (a barrier: a rank that loops while others still finish the last collective
+    has a core to itself) and loop at least ``SHARE_MIN_WINDOW_S`` / 2, whatever the window: with 0.03 s
+    windows (the tests' launches) 4 unshaped ranks on 2 cores read 0.96 / 0.66 / 0.24 / 0.61."""
     import torch.distributed as dist
 
-    mine = torch.tensor([cpu_share(window / 2)], dtype=torch.float64)
+    dist.barrier(group=default_group)
+    mine = torch.tensor([cpu_share(max(window, SHARE_MIN_WINDOW_S) / 2)], dtype=torch.float64)
     shares = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(default_group))]
     dist.all_gather(shares, mine, group=default_group)
     return [float(x) for x in shares]
