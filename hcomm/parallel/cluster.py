@@ -177,14 +177,17 @@ def sample_compressed(group, compression: str) -> List[float]:
 
 
 def discover(default_group, hcomm_group, island_group, profiles: List, optimizer_s: List[float],
-             compressions: Sequence[str] = (), calibrate_s: Optional[float] = None) -> ClusterView:
+             compressions: Sequence[str] = (), calibrate_s: Optional[float] = None,
+             baseline: bool = False) -> ClusterView:
     """The view of a live job; every rank calls it and gets the same view.
 
     A rank can only ask the comm layer about groups it belongs to, so each
     rank samples its own island's group and the samples are exchanged over
     ``default_group``.  With ``calibrate_s`` > 0 (default: ``HCOMM_CALIBRATE_S``) every curve is
     held to a measurement of the same collective on the same group (``calibration.py``): each
-    island times its own group's, then every rank the whole group's.
+    island times its own group's, then every rank the whole group's.  ``baseline``: a plan runs torch
+    DDP over ``default_group`` (``uniform``), so torch's all-reduce there is timed too and the baseline's
+    ring curve held to it.
     """
     import torch.distributed as dist
 
@@ -199,8 +202,10 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
     ones = [[1.0] * len(calibration.CALIBRATION_BYTES)] * len(ops)
     mine = [sample_allreduce(island_group), sample_sharded(island_group, "all_gather_v"),
             sample_sharded(island_group, "reduce_scatter_v")] if island_group is not None else [zeros] * 3
+    # a one-rank island has nothing to time: its "collectives" are local copies the model prices at ~0,
+    # and the ratio hit its bound (500x on uneven's lone 910B) for curves no plan uses
     island_ratios = calibration.corrections(island_group, list(zip(ops, map(interpolated, mine))), window) \
-        if island_group is not None and window > 0 else ones
+        if island_group is not None and window > 0 and dist.get_world_size(island_group) > 1 else ones
     meeting = calibration.meeting_s(island_group, window, calibration.corrected(interpolated(mine[0]),
                                                                                 island_ratios[0])) \
         if island_group is not None and window > 0 and dist.get_world_size(island_group) > 1 else 0.0
@@ -215,6 +220,8 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
     measured: Dict[str, List[float]] = {}
     links = {tier: (link.alpha, link.beta) for tier, link in topo.links.items()}
     slowdown, shares = 1.0, []
+    ring = interpolated(sample_allreduce(hcomm_group, "ring"))   # the torch baseline's, by hcomm's model
+    ring_ratios = [1.0] * len(calibration.CALIBRATION_BYTES)
     if window > 0:
         slowdown = calibration.overlap_slowdown(hcomm_group, window)
         measured["all_reduce beside compute"] = [slowdown]
@@ -228,9 +235,12 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
                 measured[tier] = [1e3 * (fit[0] + n / fit[1]) for n in calibration.P2P_BYTES]
             links[tier] = fit
         measured.update({op: r for op, r in zip(ops, ratios)})
+        if baseline:
+            ring_ratios = calibration.corrections(default_group, [(calibration.BASELINE_OP, ring)], window)[0]
+            measured[calibration.BASELINE_OP] = ring_ratios
         if island_group is not None:
             measured.update({f"{op}@{names[i]}": gathered[m[0]][1][k] for i, m in enumerate(topo.islands)
-                             for k, op in enumerate(ops)})
+                             for k, op in enumerate(ops) if len(m) > 1})
             measured.update({f"meeting@{names[i]}": [1e3 * gathered[m[0]][2]] for i, m in enumerate(topo.islands)
                              if len(m) > 1})
     return ClusterView(
@@ -240,7 +250,7 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
         gather_s=calibration.corrected(whole[1], ratios[1]),
         reduce_scatter_s=calibration.corrected(whole[2], ratios[2]),
         island_gather_s=island_predictors[1], island_reduce_scatter_s=island_predictors[2],
-        baseline_allreduce_s=interpolated(sample_allreduce(hcomm_group, "ring")),
+        baseline_allreduce_s=calibration.corrected(ring, ring_ratios),
         island_names=names,
         links=links,
         # compression changes the bytes on the weak tier, not the per-call costs: the plain all-reduce's

@@ -97,6 +97,17 @@ def compressions_asked(args) -> List[str]:
     return sorted(found)
 
 
+def baseline_asked(args) -> bool:
+    """Whether some plan is torch DDP over gloo (``uniform`` as data parallelism, ZeRO-1 included): then
+    the view times torch's all-reduce on the default group, the baseline's, to price it."""
+    for entry in args.plan.split(","):
+        base, pins = parse_entry(entry)
+        if (base == "uniform" and _zero_stage(args, pins) <= 1 and int(pins.get("tp", getattr(args, "tp", 1))) == 1
+                and _pipeline_stages(args, pins) == 1):
+            return True
+    return False
+
+
 def any_zero(args) -> bool:
     """Whether some plan asked for shards ZeRO (then a rank need not hold the whole training state)."""
     return any(_zero_stage(args, parse_entry(entry)[1]) for entry in args.plan.split(","))

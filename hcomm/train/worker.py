@@ -165,9 +165,10 @@ def profile_cluster(args, model, config, vocab_size: int, groups, rank: int, wor
                                        world, timeout_s=timeout_s, key_prefix=KEY_PREFIX_LOW)
     opt_s = [None] * world
     dist.all_gather_object(opt_s, optimizer_seconds(model, args.lr))
-    from hcomm.train.plans import compressions_asked
+    from hcomm.train.plans import baseline_asked, compressions_asked
 
-    view = discover(groups.default, groups.hcomm, groups.island, profiles, opt_s, compressions_asked(args))
+    view = discover(groups.default, groups.hcomm, groups.island, profiles, opt_s, compressions_asked(args),
+                    baseline=baseline_asked(args))
     view.low_precision_profiles = low_profiles
     if view.calibration:
         from hcomm.parallel.calibration import describe

@@ -90,7 +90,7 @@ def test_negative_window_is_refused(monkeypatch):
 
 
 def test_unknown_collective_is_refused():
-    with pytest.raises(ValueError, match="no calibration for collective 'broadcast'"):
+    with pytest.raises(ValueError, match="no calibration for collective 'broadcast'; known: .*ddp all_reduce"):
         calibration._call("broadcast", None, 1024)
 
 
@@ -100,7 +100,8 @@ def test_live_discovery_gives_every_rank_one_calibrated_view(pool4):
     for other in out[1:]:   # the same view everywhere: the slowest rank's mean is agreed by all
         assert other[0] == ratios
     names = {f"{op}{suffix}" for op in calibration.OPS for suffix in ("", "@a", "@b")}
-    assert set(ratios) == names | {"p2p@intra", "p2p@inter", "host@intra", "host@inter",
+    # torch's own all-reduce on the default group (the DDP baseline's), asked for by baseline=True
+    assert set(ratios) == names | {"p2p@intra", "p2p@inter", "host@intra", "host@inter", calibration.BASELINE_OP,
                                    "all_reduce beside compute", "meeting@a", "meeting@b", "cpu share"}
     # every rank's share of a core, one value per rank, the view's own
     assert len(ratios["cpu share"]) == 4 and all(0 < s <= 1 for s in ratios["cpu share"])
@@ -122,12 +123,20 @@ def test_live_discovery_gives_every_rank_one_calibrated_view(pool4):
             assert all(0 < ms < 1e3 for ms in rs), (name, rs)
         elif not name.startswith("p2p@"):
             assert all(calibration.BOUNDS[0] <= r <= calibration.BOUNDS[1] for r in rs), (name, rs)
-    # the view's curves are the model's times the measured ratio at each size
+    # the view's curves (the baseline's ring included) are the model's times the measured ratio at each size
     for op, pairs in values.items():
         for (got, model), r in zip(pairs, ratios[op]):
             assert got == pytest.approx(model * r, rel=1e-9), op
     # with the window at 0 nothing is measured and the curves are the model's
     assert plain == {}
-    assert [v for v in plain_values] == [m for _, m in values["all_reduce"]]
+    assert plain_values == ([m for _, m in values["all_reduce"]], [m for _, m in values[calibration.BASELINE_OP]])
     assert meetings[0] == pytest.approx([ratios["meeting@a"][0] / 1e3, ratios["meeting@b"][0] / 1e3], rel=1e-12)
     assert meetings[1] == [0.0, 0.0]
+
+
+def test_a_one_rank_island_times_nothing(pool4):
+    """A lone rank's island (uneven's 910B) has no collective to time: its curves keep the model (no
+    ratio; it hit the 500x bound before), the other island's are measured."""
+    ratios = pool4.run(calibration_cases.case_discover, ["a", "a", "a", "b"], 0.02)[0][0]
+    assert {f"{op}@a" for op in calibration.OPS} <= set(ratios)
+    assert not [name for name in ratios if name.endswith("@b")]

@@ -72,6 +72,18 @@ def test_plan_entries_parse():
     assert parse_entry("uniform") == ("uniform", {})
 
 
+def test_the_baseline_all_reduce_is_timed_only_when_a_plan_is_torch_ddp():
+    """``uniform`` as data parallelism (ZeRO-1 too: DDP with a sharded optimizer) runs torch DDP over
+    gloo; its pipelines, TP groups and ZeRO-2/3 (FSDP2) do not, and neither does any other plan."""
+    from hcomm.train.plans import baseline_asked
+
+    for plans, asked in (("search,uniform", True), ("auto,uniform@zero=1", True), ("auto,equal", False),
+                         ("uniform@pp=2,uniform@tp=2,uniform@zero=3", False)):
+        assert baseline_asked(parse(["--plan", plans])) is asked, plans
+    assert baseline_asked(parse([])) is True                          # the main job's baseline
+    assert baseline_asked(parse(["--plan", "uniform", "--pp", "2"])) is False
+
+
 def test_pipeline_arguments_parse():
     args = parse(["--pp", "2", "--schedule", "gpipe", "--microbatches", "4", "--plan", "auto,uniform"])
     assert (args.pp, args.schedule, args.microbatches) == (2, "gpipe", 4)
