@@ -143,8 +143,7 @@ def first_failure(spec: ClusterSpec, run_dir: str) -> Optional[Tuple[int, str]]:
     return describe_failure(spec, min(records, key=lambda r: r["time"]))
 
 
-def _wait_all(procs: List[subprocess.Popen], grace: float, ranks_ended: Callable[[int], bool] = lambda i: False,
-              stopped: Optional[set] = None) -> None:
+def _wait_all(procs: List[subprocess.Popen], grace: float, ranks_ended: Callable[[int], bool], stopped: set) -> None:
     """Until every node's torchrun has exited.  Once one failed, the others get ``grace`` seconds to end
     on their own; a node whose ranks have all ended (``ranks_ended``) is killed at once instead: its
     agent only waits in torchrun's exit barrier for the failed node's, which never comes, and inside
@@ -159,9 +158,8 @@ def _wait_all(procs: List[subprocess.Popen], grace: float, ranks_ended: Callable
             failed_at = time.monotonic()
         if failed_at is not None:
             for i, p in enumerate(procs):
-                if codes[i] is None and ranks_ended(i) and (stopped is None or i not in stopped):
-                    if stopped is not None:
-                        stopped.add(i)
+                if codes[i] is None and ranks_ended(i) and i not in stopped:
+                    stopped.add(i)
                     p.kill()
         if failed_at is not None and time.monotonic() - failed_at > grace:
             for p in procs:
