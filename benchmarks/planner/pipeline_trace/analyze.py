@@ -1,6 +1,7 @@
 """One step of a traced pipeline run (``sitecustomize.py`` here), per rank: the schedule's time from its
 first forward to its last backward, the time inside its own chunks (busy), the TP all-reduces inside
-them, the waits for transfers, and per chunk kind (F/B and stage) its milliseconds, all-reduce ms and
+them, the waits for transfers, what follows the last backward until the next step's first forward,
+and per chunk kind (F/B and stage) its milliseconds, all-reduce ms and
 count.  ``analyze.py [RANKS]``; the second-to-last and third-to-last steps of the run are shown."""
 import json
 import os
@@ -39,7 +40,9 @@ def main() -> None:
         starts = steps_of(events)
         for k in (-3, -2):
             span, busy, reduced, count, median, waits, per_kind = account(events, starts[k], starts[k + 1])
-            print(f"rank {rank}: first F to last B {span:.3f} s, busy {busy:.3f} (TP all-reduces {reduced:.3f} in "
+            step = starts[k + 1] - starts[k]
+            print(f"rank {rank}: step {step:.3f} s = first F to last B {span:.3f} + after it {step - span:.3f} "
+                  f"(stage sync, optimizer, loss, next batch); busy {busy:.3f} (TP all-reduces {reduced:.3f} in "
                   f"{count}, median {median:.1f} ms), waiting for transfers {waits:.3f}")
         print("    per chunk (ms, all-reduce ms, all-reduces):", per_kind)
 
