@@ -132,6 +132,14 @@ def test_group_profile_by_hand():
         assert met.layers[i].bwd_s == pytest.approx(fixed.layers[i].bwd_s + bwd * 4e-3), i
         assert met.layers[i].fwd_fixed_s == pytest.approx(fixed.layers[i].fwd_fixed_s + fwd * 4e-3), i
         assert met.layers[i].bwd_fixed_s == pytest.approx(fixed.layers[i].bwd_fixed_s + bwd * 4e-3), i
+    # a curve that prices the 1 KiB latency probe above the piece's own all-reduce (a calibrated one did,
+    # by 0.14 ms): the fixed part is at most the whole time, so the line never falls with more samples
+    v.island_meeting_s = []
+    v.island_allreduce_s = [lambda n: 8e-3 if n <= 1024 else 1e-3 + n / 1e9] * len(v.island_allreduce_s)
+    odd = group_profile(v, [0, 1], [2 / 3, 1 / 3], 0, seq_len=16, dim=32)
+    # the embedding: 0.02/3 x 2/3 + its 2 KiB sum (1 ms) = 5.4 ms in all, its 1 KiB probe alone 8 ms
+    assert odd.layers[0].fwd_s == pytest.approx(0.02 / 3 * 2 / 3 + full) and odd.layers[0].fwd_fixed_s == odd.layers[0].fwd_s
+    assert all(c.fwd_fixed_s <= c.fwd_s and c.bwd_fixed_s <= c.bwd_s for c in odd.layers)
     # memory: the tightest member's budget over its fraction; activations scaled so the member with the
     # smallest fraction (1/3) fits its own: 10/34 replicated + 24/34 x 1/3, checked as 1/3 of the group's
     assert p.memory_budget_bytes == int((8 << 30) / (2 / 3))

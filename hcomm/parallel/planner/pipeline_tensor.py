@@ -73,17 +73,19 @@ def group_profile(view, group: Sequence[int], fractions: Sequence[float], index:
         fwd_loss = LOSS_ALLREDUCES if _kind(i, n) == "head" else 0
         fwd_meets, bwd_meets = fwd_n + (fwd_loss > 0), bwd_n   # the loss's sums back to back: one meeting
         cost = [(p.layers[i], p.micro_batch) for p in profiles]
+        fwd = (max(c.fwd_fixed_s + (c.fwd_at(mb, m) - c.fwd_fixed_s) * f for (c, m), f in zip(cost, fractions))
+               + fwd_n * full + fwd_loss * loss + fwd_meets * meet)
+        bwd = (max(c.bwd_fixed_s + (c.bwd_at(mb, m) - c.bwd_fixed_s) * f for (c, m), f in zip(cost, fractions))
+               + bwd_n * full + bwd_meets * meet)
         layers.append(LayerCost(
-            f"{base.name}/tp{len(group)}",
-            fwd_s=max(c.fwd_fixed_s + (c.fwd_at(mb, m) - c.fwd_fixed_s) * f for (c, m), f in zip(cost, fractions))
-            + fwd_n * full + fwd_loss * loss + fwd_meets * meet,
-            bwd_s=max(c.bwd_fixed_s + (c.bwd_at(mb, m) - c.bwd_fixed_s) * f for (c, m), f in zip(cost, fractions))
-            + bwd_n * full + bwd_meets * meet,
+            f"{base.name}/tp{len(group)}", fwd_s=fwd, bwd_s=bwd,
             param_bytes=base.param_bytes, grad_bytes=base.grad_bytes, optim_bytes=base.optim_bytes,
             act_bytes_per_sample=int(base.act_bytes_per_sample * activation_scale(fractions)),
-            # launches, an all-reduce's latency and the members' meeting do not shrink with the rows
-            fwd_fixed_s=max(c.fwd_fixed_s for c, _ in cost) + (fwd_n + fwd_loss) * small + fwd_meets * meet,
-            bwd_fixed_s=max(c.bwd_fixed_s for c, _ in cost) + bwd_n * small + bwd_meets * meet))
+            # launches, an all-reduce's latency and the members' meeting do not shrink with the rows; at most
+            # the whole time (a 1 KiB all-reduce can be priced above the piece's own: the loss's 128 bytes,
+            # or a calibrated curve; the line must not fall with more samples -- LayerCost refuses it)
+            fwd_fixed_s=min(fwd, max(c.fwd_fixed_s for c, _ in cost) + (fwd_n + fwd_loss) * small + fwd_meets * meet),
+            bwd_fixed_s=min(bwd, max(c.bwd_fixed_s for c, _ in cost) + bwd_n * small + bwd_meets * meet)))
     budget = min(p.memory_budget_bytes / f for p, f in zip(profiles, fractions))
     return DeviceProfile(rank=index, device="+".join(p.device for p in profiles), micro_batch=mb, seq_len=seq_len,
                          layers=layers, memory_budget_bytes=int(budget), baseline_bytes=0,
