@@ -102,6 +102,13 @@ def test_hcomm_train_resplits_zero_rows_and_tp_shards_when_a_rank_turns_slow(tmp
 
     plans = ["auto@zero=2@straggler=2", "auto@tp=2@straggler=2", "uniform"]
     runs, out = train_local(tmp_path, plans, 10, "--resplit-after", "0", env={"HCOMM_TRAIN_SLOW": "1:4:0.05"})
+    if runs[plans[0]]["plan"]["ranks"][1]["batch_share"] == 0:
+        # From its profile alone rank 1 can rightly get no rows (a clean-clone run profiled one of its
+        # blocks at 46 ms against ~1 ms, a stall, and ZeRO let it reduce only); a rank without rows has
+        # nothing to move away when it turns slow, so the precondition is measured again, once
+        (tmp_path / "again").mkdir()
+        runs, out = train_local(tmp_path / "again", plans, 10, "--resplit-after", "0",
+                                env={"HCOMM_TRAIN_SLOW": "1:4:0.05"})
     zero, tp = runs[plans[0]], runs[plans[1]]
     for run in (zero, tp):
         assert len(run["replans"]) == 1, out[-3000:]
