@@ -67,8 +67,9 @@ def _call(op: str, group, nbytes: int) -> Callable[[], None]:
 
     import hcomm
 
-    if op not in OPS + (BASELINE_OP,):
-        raise ValueError(f"no calibration for collective {op!r}; known: {', '.join(OPS + (BASELINE_OP,))}")
+    known = OPS + (BASELINE_OP,)
+    if op not in known:
+        raise ValueError(f"no calibration for collective {op!r}; known: {', '.join(known)}")
     n = dist.get_world_size(group)
     if op == BASELINE_OP:
         whole = torch.ones(max(1, nbytes // 4))

@@ -204,11 +204,12 @@ def discover(default_group, hcomm_group, island_group, profiles: List, optimizer
             sample_sharded(island_group, "reduce_scatter_v")] if island_group is not None else [zeros] * 3
     # a one-rank island has nothing to time: its "collectives" are local copies the model prices at ~0,
     # and the ratio hit its bound (500x on uneven's lone 910B) for curves no plan uses
+    timed = island_group is not None and window > 0 and dist.get_world_size(island_group) > 1
     island_ratios = calibration.corrections(island_group, list(zip(ops, map(interpolated, mine))), window) \
-        if island_group is not None and window > 0 and dist.get_world_size(island_group) > 1 else ones
+        if timed else ones
     meeting = calibration.meeting_s(island_group, window, calibration.corrected(interpolated(mine[0]),
                                                                                 island_ratios[0])) \
-        if island_group is not None and window > 0 and dist.get_world_size(island_group) > 1 else 0.0
+        if timed else 0.0
     gathered: List = [None] * dist.get_world_size(default_group)
     dist.all_gather_object(gathered, (mine, island_ratios, meeting), group=default_group)
     island_predictors = [[calibration.corrected(interpolated(gathered[members[0]][0][k]),
