@@ -13,8 +13,9 @@ import time
 
 
 def _in_a_rank_quota(pid: int, tid: str) -> bool:
-    with open(f"/proc/{pid}/task/{tid}/cgroup") as f:
-        return any(":cpu" in line and "/hcomm/" in line for line in f)
+    with open(f"/proc/{pid}/task/{tid}/cgroup") as f:   # lines of "id:controllers:path"
+        return any("cpu" in controllers.split(",") and path.startswith("/hcomm/")
+                   for _, controllers, path in (line.rstrip("\n").split(":", 2) for line in f))
 
 
 def _sweep() -> None:
