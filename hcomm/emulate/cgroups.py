@@ -68,6 +68,8 @@ class CpuPlan:
     clock: float = 1.0      # quota correction measured by calibrate()
     period_us: int = PERIOD_US
     retuned: Dict[int, float] = field(default_factory=dict)  # rank -> quota factor (retune.py)
+    # the largest relative error in the speeds' ratios at the retune's last measurement (None: not retuned)
+    retune_error: Optional[float] = None
 
     def describe(self) -> str:
         text = (f"speed 1.0 = {self.scale:.2f} core of work (quota "
@@ -76,6 +78,8 @@ class CpuPlan:
                 f"{len(available_cores())} cores")
         if self.retuned:
             text += "; quotas retuned x" + "/".join(f"{f:.2f}" for _, f in sorted(self.retuned.items()))
+        if self.retune_error is not None:
+            text += f"; speeds' ratios {self.retune_error:.0%} off at the last measurement"
         return text
 
 

