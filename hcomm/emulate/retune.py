@@ -12,7 +12,9 @@ round repeats (at most ``ROUNDS``) until every rank is within ``GOAL``.
 The corrections a plan needed are kept per boot (``state_dir()/retune.json``,
 keyed by the plan's quotas, cores and period): the next ``up`` of the same
 shape starts from them and usually ends after its first measurement, where
-it took two or three rounds (1.6 s each) from the plan's quotas.  The loop
+it took two or three rounds (1.6 s each) from the plan's quotas.  A launch
+whose rounds all missed the goal keeps nothing (its last quotas were never
+measured).  The loop
 and its goal are the same either way: a start that no longer fits is
 corrected like any other.  What is kept is the quotas' ratios; their level
 is always the plan's, or as near as every core's budget allows
@@ -118,7 +120,9 @@ def retune(run_id: str, plan: cgroups.CpuPlan, speeds: Dict[int, float],
                                 for r in quota}, plan)
         _write_quotas(run_id, quota)
     factors = {r: quota[r] / plan.quota_us[r] for r in quota}
-    if cache:
+    # Only corrections a measurement met the goal with are kept: quotas set after the last round were
+    # never measured, and on this VM one 1 s probe window's rates vary by +-15 % at fixed quotas.
+    if cache and last_error is not None and last_error <= GOAL:
         saved = _load(cache)
         saved[key] = {str(r): f for r, f in factors.items()}
         tmp = f"{cache}.{os.getpid()}.tmp"

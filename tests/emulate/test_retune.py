@@ -48,11 +48,14 @@ def test_a_known_shape_starts_from_its_corrections(monkeypatch, tmp_path):
     quotas.update(plan.quota_us)   # without a cache folder: from the plan, as before
     retune.retune("run", plan, speeds)
     assert calls[0] == {0: 2000, 1: 1000} and len(calls) == 2
-    # a box where no quota can meet the goal: the loop stops after its rounds and says how far off it was
+    # a box where no quota can meet the goal: the loop stops after its rounds, says how far off it was,
+    # and keeps nothing for the next launch (its last quotas were never measured)
+    cached = (tmp_path / "retune.json").read_text()
     quotas, calls = _box(monkeypatch, {0: 1.0, 1: 0.0001})
     quotas.update(plan.quota_us)
-    stuck = retune.retune("run", plan, speeds)
-    assert len(calls) == retune.ROUNDS and stuck.retune_error > 0.9
+    stuck = retune.retune("run", plan, speeds, str(tmp_path))
+    assert len(calls) == retune.ROUNDS and calls[0] == {0: 1673, 1: 1195} and stuck.retune_error > 0.9
+    assert (tmp_path / "retune.json").read_text() == cached
 
 
 def test_the_cache_does_not_carry_a_shrink_from_launch_to_launch(monkeypatch, tmp_path):
