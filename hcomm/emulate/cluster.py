@@ -18,12 +18,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 from hcomm.emulate.bootstrap import module_command
-from hcomm.emulate import cgroups, netns, preflight, state
+from hcomm.emulate import cgroups, host_threads, netns, preflight, state
 from hcomm.emulate.retune import retune
 from hcomm.emulate.spec import ClusterSpec, load_spec
 
@@ -163,6 +162,8 @@ class Cluster:
             cgroups.create_rank(self.run_id, r.rank, self.cpu_plan.quota_us[r.rank],
                                 self.cpu_plan.cpu_of[r.rank], r.memory_bytes,
                                 self.cpu_plan.period_us, r.speed)
+        if host_threads.mode() == "host":
+            host_threads.create_host_group(self.run_id)
         # Measured correction: quotas do not buy work proportionally on a VM.
         self.cpu_plan = retune(self.run_id, self.cpu_plan, {r.rank: r.speed for r in self.spec.ranks},
                                state.state_dir())

@@ -11,6 +11,8 @@ torchrun spawns the workers itself, so the launcher runs torchrun with
 * starts the user command as a child that moves itself into the rank's
   cgroups *before* ``exec`` (so not a byte of it escapes the memory limit,
   while this wrapper's own few MB stay outside),
+* keeps the job's threads but its computing one outside the CPU quota
+  (``host_threads``: communication runs on the emulated host),
 * prefixes each output line with ``[node rN]``,
 * records how the child ended (exit code or signal, and a time stamp) in the
   run folder, so the launcher can name the *first* failing rank and tell a
@@ -29,7 +31,7 @@ import threading
 import time
 from typing import List
 
-from hcomm.emulate import cgroups
+from hcomm.emulate import cgroups, host_threads
 from hcomm.emulate.spec import load_file
 from hcomm.settings import declare
 
@@ -119,6 +121,8 @@ def main(argv: List[str]) -> int:
                              preexec_fn=_enter_cgroup)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: child.send_signal(s))
+    if run_id and host_threads.mode() == "host":   # communication threads run on the emulated host
+        host_threads.start_sweeper(run_id, rank, child.pid)
     pumps = [threading.Thread(target=_pump, args=(child.stdout, sys.stdout.buffer, prefix)),
              threading.Thread(target=_pump, args=(child.stderr, sys.stderr.buffer, prefix))]
     for t in pumps:

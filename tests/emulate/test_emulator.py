@@ -211,3 +211,43 @@ def test_unshaped_says_nothing_is_emulated():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "NOT emulated" in out.stderr
     assert "[p0 r0] ENV 0 A100" in out.stdout and "[q0 r1] ENV 1 V100" in out.stdout
+
+
+def test_communication_threads_run_on_the_host_not_in_the_quota(emulator, monkeypatch):
+    """A rank's main thread (where it computes) is in its CPU quota; gloo's and hcomm's threads are moved
+    to the run's low-weight host group (``host_threads``), as a node's communication runs on its host
+    CPUs; ``HCOMM_EMU_COMM_THREADS=quota`` leaves them in the quota.  One cluster, both settings."""
+    import ast
+    import io
+
+    from hcomm.emulate import host_threads
+    from hcomm.emulate.launch import run_on
+
+    job = [sys.executable, os.path.join(os.path.dirname(__file__), "threadcheck.py")]
+    with Cluster(SMALL) as c:
+        shares = open(os.path.join(host_threads.host_path(c.run_id), "cpu.shares")).read().strip()
+        assert shares == str(host_threads.HOST_SHARES)
+        seen = {}
+        for mode in ("host", "quota"):
+            monkeypatch.setenv("HCOMM_EMU_COMM_THREADS", mode)
+            out = io.StringIO()
+            assert run_on(c, job, out=out) == 0, out.getvalue()
+            seen[mode] = sorted(line.split("THREADS ", 1)[1] for line in out.getvalue().splitlines()
+                                if "] THREADS " in line)
+    for mode, lines in seen.items():
+        assert len(lines) == 2, (mode, lines)
+        for rank, line in enumerate(lines):
+            number, main, others = line.split(" ", 2)
+            others = ast.literal_eval(others)
+            assert (number, main) == (str(rank), f"rank{rank}"), (mode, line)
+            assert {"gloo_tcp_loop", "pt_gloo_runloop"} <= {name for name, _ in others}, (mode, line)
+            want = "host" if mode == "host" else f"rank{rank}"
+            assert {group for _, group in others} == {want}, (mode, line)
+
+
+def test_a_bad_comm_threads_setting_is_named(monkeypatch):
+    from hcomm.emulate import host_threads
+
+    monkeypatch.setenv("HCOMM_EMU_COMM_THREADS", "gpu")
+    with pytest.raises(ValueError, match=r"HCOMM_EMU_COMM_THREADS='gpu': expected 'host' or 'quota'"):
+        host_threads.mode()
