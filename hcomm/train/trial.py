@@ -11,13 +11,14 @@ the winner), so the losses of the run are the winner's alone.
 """
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from typing import List, Tuple
 
 import torch
 import torch.distributed as dist
+
+from hcomm.train.release import release_memory
 
 TRIAL_PLANS = 3
 TRIAL_STEPS = 4   # the first is left out (first-call costs)
@@ -71,7 +72,7 @@ def measure(args, plan, build_model, groups, train_tokens, steps: int = TRIAL_ST
         del optimizer
         pm.close()
         del pm, model
-        gc.collect()   # hooks hold the engine and the model in cycles: free them before the next plan
+        release_memory()   # hooks hold the engine and the model in cycles: free them before the next plan
     return statistics.median(seconds[1:] or seconds)
 
 

@@ -11,7 +11,6 @@ rank, before the first step.
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ import torch.distributed as dist
 
 import hcomm  # noqa: F401  (registers the backend)
 from hcomm.parallel.profile import process_rss_bytes
+from hcomm.train.release import release_memory
 
 # The process's own cost (interpreter, torch, hcomm), before any model or data:
 # what a plan may use is the rank's memory minus this.
@@ -313,7 +313,7 @@ def run(args) -> int:
             results.append(train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank, world,
                                       replanner=replanner_for(args, view, plan)))
             del model
-            gc.collect()   # the plan's hooks hold its model in cycles; a small-memory rank needs it back
+            release_memory()   # a small-memory rank needs the plan's memory back for the next (release.py)
         if rank == 0:
             report(args, plans, results, view, data, n_params)
         dist.barrier()

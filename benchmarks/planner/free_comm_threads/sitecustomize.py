@@ -6,7 +6,9 @@ moves new threads every 0.2 s to ``FREE_COMM_GROUP`` (a cpu cgroup's folder; def
 tasks compete with the ranks' quotas at full weight; a group with ``cpu.shares`` 2 runs them only
 where the computing threads leave the core idle).  Valid only with one intra-op thread (torch's
 default under torchrun): with more, computation would run outside the quota too.  Findings:
-``benchmarks/results/planner-pipeline-overhead-2026-12-07.md``."""
+``benchmarks/results/planner-pipeline-overhead-2026-12-07.md``.  The low-weight variant is now the
+emulator's own behaviour (``hcomm/emulate/host_threads.py``, swept from the rank's wrapper); this hook
+remains for the full-weight one (``FREE_COMM_GROUP`` unset) with ``HCOMM_EMU_COMM_THREADS=quota``."""
 import os
 import threading
 import time
