@@ -5,9 +5,10 @@ NICs whatever its accelerator's speed, but under the quota gloo's threads (``glo
 ``pt_gloo_runloop``) and hcomm's executor shared the quarter core of a V100 rank with its computation:
 a gradient all-reduce beside the backward took 2.05-2.25x its time alone, and the computation beside it
 slowed as much, which the planner does not price (on ``mixed`` equal batches ran 17 % above prediction
-where batches split by measured speed ran within 1 %; pipelines and TP 18-26 %).  An experiment that moved
-the same threads to a low-weight group from inside the rank measured DP within 0.1 %, torch DDP -3 %,
-pipelines -8 / -13 % (``benchmarks/results/planner-pipeline-overhead-2026-12-07.md``); with this module,
+where batches split by measured speed ran within 1 %; pipelines and TP 18-26 %).  An experiment that
+moved the same threads to a low-weight group from inside the rank (a hook, since removed) measured DP
+within 0.1 %, torch DDP -3 %, pipelines -8 / -13 %
+(``benchmarks/results/planner-pipeline-overhead-2026-12-07.md``); with this module,
 two launches of every plan: 6 of 10 predictions within 15 % on ``mixed`` (4 before), 7 of 10 on
 ``two-islands`` (5), the beside-compute slowdown of an all-reduce 1.75 (2.05-2.25)
 (``planner-accuracy-host-threads-2026-12-07.md``, ``planner-accuracy-host-threads-two-islands-2026-12-07.md``).

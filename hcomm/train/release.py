@@ -12,23 +12,18 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 from typing import Callable, Optional
 
-_trim: Optional[Callable[[int], int]] = None
-_looked = False
 
-
+@functools.lru_cache(maxsize=None)
 def _malloc_trim() -> Optional[Callable[[int], int]]:
-    global _trim, _looked
-    if not _looked:
-        _looked = True
-        name = ctypes.util.find_library("c")
-        try:
-            _trim = getattr(ctypes.CDLL(name), "malloc_trim") if name else None
-        except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to trim
-            _trim = None
-    return _trim
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim") if name else None
+    except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to trim
+        return None
 
 
 def release_memory() -> bool:
