@@ -1,24 +1,29 @@
-"""Closed-loop correction of the rank quotas, measured where the ranks run.
+"""Measured correction of the rank quotas, estimated where the ranks run.
 
 ``plan_cpu`` assumes a quota buys work in proportion to its size, with one
 task-clock factor for the whole box.  Virtual machines break that: on the
 dev VM one vCPU delivered 30% less work than the other under the same
 quota, and a 0.8-core quota bought a whole core's work while a 0.4-core one
 bought 0.31.  So after the cgroups exist, every rank's cgroup runs the
-fixed compute probe at once (as a job would load them), each quota is
-scaled by how far its rate is from ``speed x`` the common rate, and the
-round repeats (at most ``ROUNDS``) until every rank is within ``GOAL``.
+fixed compute probe at once (as a job would load them), and each quota is
+scaled by what its rank's quota buys relative to the others'.
 
-The corrections a plan needed are kept per boot (``state_dir()/retune.json``,
-keyed by the plan's quotas, cores and period): the next ``up`` of the same
-shape starts from them and usually ends after its first measurement, where
-it took two or three rounds (1.6 s each) from the plan's quotas.  A launch
-whose rounds all missed the goal keeps nothing (its last quotas were never
-measured).  The loop
-and its goal are the same either way: a start that no longer fits is
-corrected like any other.  What is kept is the quotas' ratios; their level
-is always the plan's, or as near as every core's budget allows
-(``_at_plan_level``).
+What a quota buys is a property of the box, but one probe window measures
+it badly: on the dev VM a 1 s window's ratio of two ranks' rates varies by
++-20 % at fixed quotas (the vCPUs' own speeds move by +-10-15 % over
+seconds), and a transient load at a launch's start (the previous launch's
+teardown, the next launcher's imports) reads as a slow rank.  The old loop
+corrected by each window until one met an 8 % goal: it chased the noise,
+and in 10 ups back to back it left the two ranks of ``mixed-speed`` 23 %
+off their ratio (median, by an independent 2 s check) where the plan's own
+quotas were 8 % off.  So every window is one *sample* of each rank's
+efficiency (``_sample``), and the quotas follow the per-rank **median** of a
+shape's samples: the last ``SAMPLES_KEPT`` of this boot, kept in
+``state_dir()/retune.json`` keyed by the plan's quotas, cores and period.
+A shape's first up measures ``FIRST_ROUNDS`` windows (the median of three
+outlives one transient); every later up measures one and adds it.  What is
+kept is the quotas' ratios; their level is always the plan's, or as near as
+every core's budget allows (``_at_plan_level``).
 """
 from __future__ import annotations
 
@@ -26,16 +31,17 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import time
 from dataclasses import replace
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from hcomm.emulate import cgroups
 
-ROUNDS = 3
-GOAL = 0.08         # relative error in the speed ratio that ends the loop
+FIRST_ROUNDS = 3    # windows a shape with no samples yet measures
+SAMPLES_KEPT = 9    # a shape's latest samples whose median sets its quotas
 WINDOW_S = 1.0      # probe window per round
-MAX_STEP = 2.0      # a round changes a quota by at most this factor
+MAX_STEP = 2.0      # a correction moves a quota by at most this factor from the plan's
 
 
 def measure(run_id: str, ranks) -> Dict[int, float]:
@@ -49,6 +55,26 @@ def errors(rates: Dict[int, float], speeds: Dict[int, float]) -> Dict[int, float
     """Each rank's rate over what its speed asks for, relative to the fastest-per-speed rank."""
     per_speed = max(rates[r] / speeds[r] for r in rates) or 1.0
     return {r: rates[r] / (speeds[r] * per_speed) - 1.0 for r in rates}
+
+
+def _sample(rates: Dict[int, float], speeds: Dict[int, float], quota: Dict[int, int],
+            plan: cgroups.CpuPlan) -> Dict[int, float]:
+    """Log of how much more work per unit of speed rank r's quota bought than the plan promised,
+    less the ranks' mean (only ratios matter).  A rank whose quota buys ``e_r`` times its share runs
+    at ``rate_r = k e_r quota_r``; dividing out the quota the window ran at (``quota_r / plan_r``)
+    leaves ``log e_r`` plus a common term, whatever quotas the window was measured at."""
+    raw = {r: math.log(rates[r] / speeds[r]) - math.log(quota[r] / plan.quota_us[r]) for r in rates}
+    mean = sum(raw.values()) / len(raw)
+    return {r: v - mean for r, v in raw.items()}
+
+
+def _corrected(samples: List[Dict[str, float]], plan: cgroups.CpuPlan) -> Dict[int, int]:
+    """The plan's quotas divided by each rank's median efficiency over ``samples``."""
+    factor = {}
+    for r in plan.quota_us:
+        log_e = statistics.median(s[str(r)] for s in samples)
+        factor[r] = min(MAX_STEP, max(1.0 / MAX_STEP, math.exp(-log_e)))
+    return _at_plan_level({r: q * factor[r] for r, q in plan.quota_us.items()}, plan)
 
 
 def _key(plan: cgroups.CpuPlan) -> str:
@@ -79,12 +105,21 @@ def _at_plan_level(quota: Dict[int, float], plan: cgroups.CpuPlan) -> Dict[int, 
     return {r: max(1000, int(q / max(1.0, over))) for r, q in quota.items()}
 
 
-def _load(cache: str) -> Dict[str, Dict[str, float]]:
+def _load(cache: str) -> Dict[str, list]:
     try:
         with open(cache) as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}
+
+
+def _known_samples(cache: Optional[str], key: Optional[str], ranks) -> List[Dict[str, float]]:
+    """This shape's kept samples (anything else under its key, such as an older format, is dropped)."""
+    kept = _load(cache).get(key) if cache else None
+    want = sorted(str(r) for r in ranks)
+    if not isinstance(kept, list):
+        return []
+    return [s for s in kept if isinstance(s, dict) and sorted(s) == want]
 
 
 def _write_quotas(run_id: str, quota: Dict[int, int]) -> None:
@@ -95,40 +130,33 @@ def _write_quotas(run_id: str, quota: Dict[int, int]) -> None:
 def retune(run_id: str, plan: cgroups.CpuPlan, speeds: Dict[int, float],
            cache_dir: Optional[str] = None) -> cgroups.CpuPlan:
     """Return ``plan`` with quotas corrected by measurement (and written to the cgroups); with
-    ``cache_dir``, starting from the corrections this shape needed last time on this boot."""
+    ``cache_dir``, the correction is the median over this shape's samples of this boot."""
     if len(speeds) < 2:
         return plan
-    quota = dict(plan.quota_us)
     cache, key = (os.path.join(cache_dir, "retune.json"), _key(plan)) if cache_dir else (None, None)
-    known = _load(cache).get(key) if cache else None
-    if known and sorted(known) == sorted(str(r) for r in quota):
-        quota = _at_plan_level({r: q * known[str(r)] for r, q in quota.items()}, plan)
+    samples = _known_samples(cache, key, plan.quota_us)
+    quota = dict(plan.quota_us)
+    if samples:
+        quota = _corrected(samples, plan)
         _write_quotas(run_id, quota)
     last_error = None
-    for _ in range(ROUNDS):
+    for _ in range(max(1, FIRST_ROUNDS - len(samples))):
         rates = measure(run_id, speeds)
         if min(rates.values()) <= 0:
             break
-        err = errors(rates, speeds)
-        last_error = max(abs(e) for e in err.values())
-        if last_error <= GOAL:
-            break
-        # Aim every rank at the geometric mean of rate/speed, so quotas move
-        # both ways; their level stays the plan's (``_at_plan_level``).
-        target = math.exp(sum(math.log(rates[r] / speeds[r]) for r in rates) / len(rates))
-        quota = _at_plan_level({r: quota[r] * min(MAX_STEP, max(1.0 / MAX_STEP, target * speeds[r] / rates[r]))
-                                for r in quota}, plan)
+        last_error = max(abs(e) for e in errors(rates, speeds).values())
+        samples.append({str(r): v for r, v in _sample(rates, speeds, quota, plan).items()})
+        samples = samples[-SAMPLES_KEPT:]
+        quota = _corrected(samples, plan)
         _write_quotas(run_id, quota)
-    factors = {r: quota[r] / plan.quota_us[r] for r in quota}
-    # Only corrections a measurement met the goal with are kept: quotas set after the last round were
-    # never measured, and on this VM one 1 s probe window's rates vary by +-15 % at fixed quotas.
-    if cache and last_error is not None and last_error <= GOAL:
+    if cache and last_error is not None:
         saved = _load(cache)
-        saved[key] = {str(r): f for r, f in factors.items()}
+        saved[key] = samples
         tmp = f"{cache}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(saved, f)
         os.replace(tmp, cache)   # runs coming up at once each write whole files
+    factors = {r: quota[r] / plan.quota_us[r] for r in quota}
     if all(abs(f - 1.0) < 1e-9 for f in factors.values()):
         return replace(plan, retune_error=last_error)
     return replace(plan, quota_us=quota, retuned=factors, retune_error=last_error)

@@ -21,19 +21,20 @@ def _box(monkeypatch, efficiency):
     return quotas, calls
 
 
-def test_a_known_shape_starts_from_its_corrections(monkeypatch, tmp_path):
-    """Rank 1's quota buys 0.7 of its promise.  From the plan: round 1 measures rates 2000 and 700 for speeds
-    1 and 0.5 (rank 1 30 % short), both aim at sqrt(2000 x 1400) = 1673.3 per unit speed: quotas 1673 and
-    1195; round 2 measures 1673 and 836.5, within the goal.  The next up of the same plan starts there and
-    measures once; another plan (other quotas) starts from its own plan."""
+def test_a_shape_follows_the_median_of_its_samples(monkeypatch, tmp_path):
+    """Rank 1's quota buys 0.7 of its promise.  A shape's first up measures three windows: the first at
+    the plan's quotas reads rates 2000 and 700 for speeds 1 and 0.5 (rank 1 30 % short), and both aim at
+    sqrt(2000 x 1400) = 1673.3 per unit speed: quotas 1673 and 1195, where the next two windows read the
+    same efficiencies again.  The next up of the shape starts there and measures once; another plan
+    (other quotas) starts from its own plan, and so does an up without a cache folder."""
     plan = cgroups.CpuPlan(cores=2, scale=0.5, quota_us={0: 2000, 1: 1000}, cpu_of={0: 0, 1: 1})
     speeds = {0: 1.0, 1: 0.5}
     quotas, calls = _box(monkeypatch, {0: 1.0, 1: 0.7})
     quotas.update(plan.quota_us)
     first = retune.retune("run", plan, speeds, str(tmp_path))
-    assert calls == [{0: 2000, 1: 1000}, {0: 1673, 1: 1195}]
+    assert calls == [{0: 2000, 1: 1000}, {0: 1673, 1: 1195}, {0: 1673, 1: 1195}]
     assert first.quota_us == {0: 1673, 1: 1195} and first.retuned == {0: 1673 / 2000, 1: 1195 / 1000}
-    # the last measurement's error is what the launch prints (round 2: 1673 / 1 vs 836.5 / 0.5, none)
+    # the last measurement's error is what the launch prints (1673 / 1 vs 836.5 / 0.5, none)
     assert first.retune_error == 0.0 and first.describe().endswith("speeds' ratios 0% off at the last measurement")
     calls.clear()
     quotas.update(plan.quota_us)   # a fresh cluster's cgroups hold the plan's quotas
@@ -43,19 +44,58 @@ def test_a_known_shape_starts_from_its_corrections(monkeypatch, tmp_path):
     other = cgroups.CpuPlan(cores=2, scale=0.5, quota_us={0: 2400, 1: 1200}, cpu_of={0: 0, 1: 1})
     quotas.update(other.quota_us)
     retune.retune("run", other, speeds, str(tmp_path))
-    assert calls[0] == {0: 2400, 1: 1200} and len(calls) == 2
+    assert calls[0] == {0: 2400, 1: 1200} and len(calls) == retune.FIRST_ROUNDS
     calls.clear()
-    quotas.update(plan.quota_us)   # without a cache folder: from the plan, as before
+    quotas.update(plan.quota_us)   # without a cache folder: from the plan, as a first up
     retune.retune("run", plan, speeds)
-    assert calls[0] == {0: 2000, 1: 1000} and len(calls) == 2
-    # a box where no quota can meet the goal: the loop stops after its rounds, says how far off it was,
-    # and keeps nothing for the next launch (its last quotas were never measured)
-    cached = (tmp_path / "retune.json").read_text()
+    assert calls[0] == {0: 2000, 1: 1000} and len(calls) == retune.FIRST_ROUNDS
+
+
+def test_one_disturbed_window_does_not_move_the_quotas(monkeypatch, tmp_path):
+    """Every quota buys what it promises, but the first window of the first up reads rank 1 at half its
+    rate (a transient load: the last launch's teardown on its core).  That window alone moves the quotas
+    2x apart (rank 1 up sqrt(2), rank 0 down as much); the median of it and the next window moves
+    them half as far; with a third window the median is the true efficiency and the quotas are the
+    plan's again.  A later up whose one window is clean keeps them there (the median of four, the
+    disturbed one among them, is still the truth for rank 1).  The loop this replaced corrected by each
+    window alone and ended that first up wherever its last window left it."""
+    plan = cgroups.CpuPlan(cores=2, scale=0.5, quota_us={0: 2000, 1: 1000}, cpu_of={0: 0, 1: 1})
+    speeds = {0: 1.0, 1: 0.5}
+    efficiency = {0: 1.0, 1: 0.5}
+    quotas, calls = _box(monkeypatch, efficiency)
+
+    def transient(run_id, ranks):
+        calls.append(dict(quotas))
+        rates = {r: quotas[r] * efficiency[r] for r in ranks}
+        efficiency[1] = 1.0   # the load is gone after the first window
+        return rates
+
+    monkeypatch.setattr(retune, "measure", transient)
+    quotas.update(plan.quota_us)
+    first = retune.retune("run", plan, speeds, str(tmp_path))
+    assert calls == [{0: 2000, 1: 1000}, {0: 1414, 1: 1414}, {0: 1681, 1: 1189}]
+    assert first.quota_us == plan.quota_us and first.retuned == {}
+    calls.clear()
+    quotas.update(plan.quota_us)
+    again = retune.retune("run", plan, speeds, str(tmp_path))
+    assert calls == [{0: 2000, 1: 1000}] and again.quota_us == plan.quota_us
+
+
+def test_a_box_no_quota_can_satisfy(monkeypatch, tmp_path):
+    """Rank 1's quota buys almost nothing: the correction stops at MAX_STEP each way from the plan, the
+    launch reports how far off its last window was, and the samples are kept (they are what the box
+    does, and the next up of the shape starts from their median)."""
+    plan = cgroups.CpuPlan(cores=2, scale=0.5, quota_us={0: 2000, 1: 1000}, cpu_of={0: 0, 1: 1})
+    speeds = {0: 1.0, 1: 0.5}
     quotas, calls = _box(monkeypatch, {0: 1.0, 1: 0.0001})
     quotas.update(plan.quota_us)
     stuck = retune.retune("run", plan, speeds, str(tmp_path))
-    assert len(calls) == retune.ROUNDS and calls[0] == {0: 1673, 1: 1195} and stuck.retune_error > 0.9
-    assert (tmp_path / "retune.json").read_text() == cached
+    assert len(calls) == retune.FIRST_ROUNDS and stuck.retune_error > 0.9
+    assert stuck.quota_us == {0: 1000, 1: 2000}
+    calls.clear()
+    quotas.update(plan.quota_us)
+    retune.retune("run", plan, speeds, str(tmp_path))
+    assert calls == [{0: 1000, 1: 2000}]
 
 
 def test_the_cache_does_not_carry_a_shrink_from_launch_to_launch(monkeypatch, tmp_path):
