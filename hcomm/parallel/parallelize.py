@@ -106,7 +106,7 @@ class ParallelModel:
                 setattr(times, key, value)
             times.busy_s = times.compute_s   # rounds less the waits for collectives: what the watch reads
             times.zero = {key: sum(u[key] for u in units) for key in ("gather_bytes", "reduce_bytes",
-                                                                       "exposed_s", "overlapped_s")}
+                                                                       "exposed_s", "overlapped_s", "issue_s")}
             times.zero["units"] = units
             self.steps += 1
             times.step_s = time.perf_counter() - start

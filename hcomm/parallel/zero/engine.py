@@ -64,6 +64,7 @@ class UnitStats:
     reduce_bytes: int = 0        # bytes this rank sent into reduce-scatters (and replica all-reduces)
     exposed_s: float = 0.0       # time compute waited for this unit's collectives
     overlapped_s: float = 0.0    # time they were in flight before anyone waited (hidden behind compute)
+    issue_s: float = 0.0         # time the calling thread spent starting them (inside compute)
 
 
 @dataclass
@@ -261,8 +262,10 @@ class ZeroEngine:
         if s.full.untyped_storage().nbytes() < nbytes:
             s.full.untyped_storage().resize_(nbytes)
         send = s.master.detach() if s.master.dtype == s.full.dtype else s.master.detach().to(s.full.dtype)
+        t = time.perf_counter()
         s.gather_work = hcomm.all_gather_v(s.full, send, s.unit.counts, group=self.gather_group, async_op=True)
         s.gather_issued = time.perf_counter()
+        s.stats.issue_s += s.gather_issued - t
         s.stats.gathers += 1
         s.stats.gather_bytes += (s.unit.numel - s.unit.shard_numel) * s.full.element_size()
 
@@ -306,8 +309,10 @@ class ZeroEngine:
             if s.grad_full is None:     # no parameter of the unit was used: it contributes zeros
                 s.grad_full = torch.zeros(s.unit.numel, dtype=s.full.dtype)
             scratch = torch.empty(s.unit.shard_numel, dtype=s.grad_full.dtype)
+            t = time.perf_counter()
             work = hcomm.reduce_scatter_v(scratch, s.grad_full, s.unit.counts, group=self.reduce_group,
                                           async_op=True)
+            s.stats.issue_s += time.perf_counter() - t
             s.stats.reduce_bytes += (s.unit.numel - s.unit.shard_numel) * s.grad_full.element_size()
             self._pending.append(_Pending(s.unit.index, work, time.perf_counter(), scratch, s.grad_full))
             s.grad_full = None
@@ -346,6 +351,7 @@ class ZeroEngine:
             # HSDP: sum the island's shard with the same shard of every other island.
             job.work = dist.all_reduce(job.scratch, group=self.replicate_group, async_op=True)
             job.issued, job.phase = time.perf_counter(), "replicate"
+            s.stats.issue_s += job.issued - now
             s.stats.reduce_bytes += job.scratch.numel() * job.scratch.element_size()
             self._pending.appendleft(job)
             return
