@@ -54,8 +54,8 @@ MAX_RANK_SHARE = 0.5
 
 HCOMM_EMU_CORES = declare(
     "HCOMM_EMU_CORES", "",
-    "comma-separated cores the emulated ranks are pinned to (e.g. 0 or 2,3); default: "
-    "every usable core that calibration finds independent")
+    "comma-separated cores the emulated ranks are pinned to (e.g. 0 or 2,3); default: as few "
+    "of the usable cores that calibration finds independent as give the ranks the most speed")
 
 
 @dataclass(frozen=True)
