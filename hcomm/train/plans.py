@@ -172,8 +172,9 @@ def make_plans(args, view) -> List:
 def searched_plan(args, view, entry: str, trial: int = 0, dtypes_searched: bool = False):
     """The joint search's winner (``hcomm.parallel.planner.search``), its table of runners-up in the notes;
     with ``trial`` > 1 the best predicted plans of distinct kinds ride along as ``plan.trial_plans`` (the
-    worker measures them and trains the fastest: ``hcomm.train.trial``).  ``dtypes_searched``: the search
-    runs on each dtype assignment too (``planner.dtypes``); its plans carry the winning assignment's."""
+    worker measures them and trains the fastest, a near tie going to the faster predicted:
+    ``hcomm.train.trial``).  ``dtypes_searched``: the search runs on each dtype assignment too
+    (``planner.dtypes``); its plans carry the winning assignment's."""
     from hcomm.models import get_config
     from hcomm.parallel.planner import dtypes as per_device
     from hcomm.parallel.planner.search import search

@@ -10,7 +10,7 @@ STEPS = 2
 
 def test_search_trials_its_best_plans_and_trains_the_reference_losses(tmp_path):
     runs, out = train_local(tmp_path, ["search", "uniform"], STEPS)
-    trial = re.search(r"trial of the search's best plans \(measured vs predicted ms per step\): (.*); fastest: (.*)", out)
+    trial = re.search(r"trial of the search's best plans \(measured vs predicted ms per step\): (.*); chosen: (.*)", out)
     assert trial, out[-3000:]
     tried = trial.group(1).split("; ")
     assert len(tried) >= 2 and all(re.fullmatch(r"search -> .+ \d+ vs \d+", t) for t in tried), tried
