@@ -81,7 +81,7 @@ def measure(args, plan, build_model, groups, train_tokens, steps: int = TRIAL_ST
 
 
 def choose(args, plans, build_model, groups, train_tokens, rank: int) -> Tuple[int, List[float]]:
-    """(index of the fastest measured plan, every plan's measured seconds per step)."""
+    """(index of the plan to train, ``pick``'s choice; every plan's measured seconds per step)."""
     measured = [measure(args, plan, build_model, groups, train_tokens) for plan in plans]
     best = pick(measured, [p.predicted_step_s for p in plans])
     if rank == 0:

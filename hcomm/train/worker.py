@@ -194,9 +194,9 @@ def plans_for(args, view, rank: int) -> List:
 
 
 def settle_trials(args, plans: List, vocab_size: int, groups, train_tokens, rank: int) -> List:
-    """Each searched plan with trial candidates becomes the one its trial chooses (``trial.choose``: the fastest
-    measured, a near tie going to the faster predicted),
-    under the search entry's name, its notes saying what was measured."""
+    """Each searched plan with trial candidates becomes the one its trial chooses (``trial.choose``: the
+    fastest measured, a near tie going to the faster predicted), under the search entry's name, its notes
+    saying what was measured."""
     from hcomm.train.trial import choose
 
     out = []
