@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import nn
 
 import hcomm
+from hcomm.parallel.zero.buffers import BufferPool
 from hcomm.parallel.zero.layout import Unit, flatten
 
 
@@ -106,6 +107,7 @@ class ZeroEngine:
         self.reshard_after_forward = reshard_after_forward
         self.rounds = rounds
         self.units: List[_UnitState] = []
+        self.pool = BufferPool()   # unit-sized blocks reused round after round (buffers.py: why)
         for u in units:
             full = flatten(u)
             master = nn.Parameter(full[u.shard_start: u.shard_start + u.shard_numel].float().clone())
@@ -179,7 +181,7 @@ class ZeroEngine:
                 self._free(self.units[i])
         if self._reducing:
             for s in reversed(self.units):
-                s.grad_full = torch.zeros(s.unit.numel, dtype=s.full.dtype)
+                s.grad_full = self.pool.tensor(s.unit.numel, s.full.dtype, s.full.device, zero=True)
                 s.ready = len(s.unit.params)
             self._launch_reductions()
             self._drain(0)
@@ -259,8 +261,7 @@ class ZeroEngine:
         if s.gathered or s.gather_work is not None:
             return
         nbytes = s.unit.numel * s.full.element_size()
-        if s.full.untyped_storage().nbytes() < nbytes:
-            s.full.untyped_storage().resize_(nbytes)
+        self.pool.fill(s.full.untyped_storage(), nbytes)
         send = s.master.detach() if s.master.dtype == s.full.dtype else s.master.detach().to(s.full.dtype)
         t = time.perf_counter()
         s.gather_work = hcomm.all_gather_v(s.full, send, s.unit.counts, group=self.gather_group, async_op=True)
@@ -282,7 +283,7 @@ class ZeroEngine:
 
     def _free(self, s: _UnitState) -> None:
         if self.stage == 3 and s.gather_work is None:
-            s.full.untyped_storage().resize_(0)
+            self.pool.empty(s.full.untyped_storage())
             s.gathered = False
 
     # -- gradients --------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ class ZeroEngine:
         s = self.units[index]
         u = s.unit
         if s.grad_full is None:
-            s.grad_full = torch.zeros(u.numel, dtype=p.dtype, device=p.device)
+            s.grad_full = self.pool.tensor(u.numel, p.dtype, p.device, zero=True)
         s.grad_full[u.offsets[k]: u.offsets[k] + p.numel()].add_(p.grad.reshape(-1))
         p.grad = None   # the flat buffer holds it now; autograd's copy is freed at once
         s.ready += 1
@@ -307,8 +308,8 @@ class ZeroEngine:
                 self.units[self._next_reduce].unit.params):
             s = self.units[self._next_reduce]
             if s.grad_full is None:     # no parameter of the unit was used: it contributes zeros
-                s.grad_full = torch.zeros(s.unit.numel, dtype=s.full.dtype)
-            scratch = torch.empty(s.unit.shard_numel, dtype=s.grad_full.dtype)
+                s.grad_full = self.pool.tensor(s.unit.numel, s.full.dtype, s.full.device, zero=True)
+            scratch = self.pool.tensor(s.unit.shard_numel, s.grad_full.dtype, s.grad_full.device)
             t = time.perf_counter()
             work = hcomm.reduce_scatter_v(scratch, s.grad_full, s.unit.counts, group=self.reduce_group,
                                           async_op=True)
@@ -346,7 +347,9 @@ class ZeroEngine:
         now = time.perf_counter()
         s.stats.exposed_s += now - t
         s.stats.overlapped_s += t - job.issued
-        job.grad_full = None    # the whole-unit gradient is freed here
+        if job.grad_full is not None:   # the whole-unit gradient is done with here
+            self.pool.give(job.grad_full)
+            job.grad_full = None
         if job.phase == "reduce" and self.replicate_group is not None:
             # HSDP: sum the island's shard with the same shard of every other island.
             job.work = dist.all_reduce(job.scratch, group=self.replicate_group, async_op=True)
@@ -356,6 +359,7 @@ class ZeroEngine:
             self._pending.appendleft(job)
             return
         s.master.grad.add_(job.scratch.to(s.master.dtype))
+        self.pool.give(job.scratch)
 
 
 def _first_tensor_needing_grad(output) -> Optional[torch.Tensor]:
