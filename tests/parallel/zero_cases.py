@@ -24,7 +24,9 @@ def case_zero_train(ctx, plan_yaml: str, steps: int, optimizer: str = "sgd", isl
             t = pm.train_step(lambda off, n: data.rows(step, off, n), opt)
             weighted.append(pm.samples / plan.global_batch * t.local_loss if pm.samples else 0.0)
             stats.append({**{k: v for k, v in t.zero.items() if k != "units"}, "compute_s": t.compute_s,
-                          "pool_allocations": pm.zero.engine.pool.allocations, "units": len(pm.zero.engine.units)})
+                          "block_allocations": pm.zero.engine.pool.block_allocations,
+                          "tensor_allocations": pm.zero.engine.pool.tensor_allocations,
+                          "units": len(pm.zero.engine.units)})
         losses = torch.tensor(weighted, dtype=torch.float64)
         dist.all_reduce(losses, group=groups.default)
         pm.finish()

@@ -107,7 +107,10 @@ class ZeroEngine:
         self.reshard_after_forward = reshard_after_forward
         self.rounds = rounds
         self.units: List[_UnitState] = []
-        self.pool = BufferPool()   # unit-sized blocks reused round after round (buffers.py: why)
+        # unit-sized blocks reused round after round (buffers.py: why), no more than memory.py counts
+        whole = [u.numel * max((p.element_size() for p in u.params), default=4) for u in units]
+        held = sum(whole) if not reshard_after_forward else min(sum(whole), (prefetch + 2) * max(whole))
+        self.pool = BufferPool(held)
         for u in units:
             full = flatten(u)
             master = nn.Parameter(full[u.shard_start: u.shard_start + u.shard_numel].float().clone())
@@ -145,6 +148,7 @@ class ZeroEngine:
         """Before a micro-batch's forward; ``last`` = this rank's last round of the step."""
         self._reducing = self.stage >= 2 or last
         self._next_reduce = len(self.units) - 1
+        self.pool.trim()   # the forward's activations get the room the memory model gives them
         for s in self.units:
             s.ready = 0
 
@@ -292,6 +296,7 @@ class ZeroEngine:
         s = self.units[index]
         u = s.unit
         if s.grad_full is None:
+            self._reap()   # reductions done by now hand their buffers back for this one
             s.grad_full = self.pool.tensor(u.numel, p.dtype, p.device, zero=True)
         s.grad_full[u.offsets[k]: u.offsets[k] + p.numel()].add_(p.grad.reshape(-1))
         p.grad = None   # the flat buffer holds it now; autograd's copy is freed at once

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
