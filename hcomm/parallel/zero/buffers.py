@@ -106,7 +106,7 @@ class BufferPool:
         """Keep the ``max_kept_tensors`` largest flat buffers, release the rest (before a forward, where the
         memory model gives activations the room)."""
         kept = sorted(((t.numel() * t.element_size(), key, i) for key, ts in self._flat.items()
-                       for i, t in enumerate(ts)), reverse=True)[: self.max_kept_tensors]
+                       for i, t in enumerate(ts)), key=lambda x: x[0], reverse=True)[: self.max_kept_tensors]
         keep = {(key, i) for _, key, i in kept}
         for key in list(self._flat):
             self._flat[key] = [t for i, t in enumerate(self._flat[key]) if (key, i) in keep]
