@@ -298,8 +298,14 @@ def test_hcomm_train_recuts_a_pipeline_when_a_rank_turns_slow(tmp_path):
     run = runs[plans[0]]
     assert len(run["replans"]) == 1, out[-3000:]
     recut = run["replans"][0]
-    assert recut["what"] == "re-cut" and recut["drifted"] == [1] and recut["after_steps"] == 7, recut
-    assert piece_rows(recut["to"], 1) < piece_rows(recut["from"], 1), recut
+    assert recut["drifted"] == [1] and recut["after_steps"] == 7, recut
+    if recut["what"] == "kept":
+        # profiled on a loaded box (seen once in a full CI run) the first plan can already give rank 1 the
+        # least there is, one piece of one row: then no option beats keeping the cuts
+        keep = next(o["step_ms"] for o in recut["options"] if o["what"] == "keep the cuts")
+        assert piece_rows(recut["from"], 1) == 1 and min(o["step_ms"] for o in recut["options"]) >= keep, recut
+    else:
+        assert recut["what"] == "re-cut" and piece_rows(recut["to"], 1) < piece_rows(recut["from"], 1), recut
     # the pipeline of TP groups: rank 1's own work drifted (its partner's waits for it are left out).  On
     # the tiny model the planner may give rank 1's group a single piece, and the hook's slowdown (a fixed
     # sleep per piece and sample) is not the model's (every piece's seconds times the drift): where the
