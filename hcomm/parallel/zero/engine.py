@@ -55,6 +55,7 @@ from torch import nn
 import hcomm
 from hcomm.parallel.zero.buffers import BufferPool
 from hcomm.parallel.zero.layout import Unit, flatten
+from hcomm.parallel.zero.memory import GRAD_BUFFERS_IN_FLIGHT, whole_param_bytes
 
 
 @dataclass
@@ -109,8 +110,9 @@ class ZeroEngine:
         self.units: List[_UnitState] = []
         # unit-sized blocks reused round after round (buffers.py: why), no more than memory.py counts
         whole = [u.numel * max((p.element_size() for p in u.params), default=4) for u in units]
-        held = sum(whole) if not reshard_after_forward else min(sum(whole), (prefetch + 2) * max(whole))
-        self.pool = BufferPool(held)
+        self.pool = BufferPool(whole_param_bytes(whole, stage=stage, prefetch=prefetch,
+                                                 reshard_after_forward=reshard_after_forward),
+                               max_kept_tensors=GRAD_BUFFERS_IN_FLIGHT)
         for u in units:
             full = flatten(u)
             master = nn.Parameter(full[u.shard_start: u.shard_start + u.shard_numel].float().clone())

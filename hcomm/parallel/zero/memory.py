@@ -24,6 +24,20 @@ from typing import Dict, List, Sequence
 MiB = 1 << 20
 
 
+GRAD_BUFFERS_IN_FLIGHT = 2   # stages 2-3: whole-unit gradient buffers counted at once (the largest)
+
+
+def whole_param_bytes(unit_bytes: Sequence[int], *, stage: int, prefetch: int = 1,
+                      reshard_after_forward: bool = True) -> int:
+    """Bytes of parameters a rank holds whole at once: every unit for stages 1-2 (and for stage 3 without
+    ``reshard_after_forward``); under stage 3 ``prefetch + 2`` of the largest (the engine's pool keeps
+    its parameter blocks within this too)."""
+    params = sum(unit_bytes)
+    if stage < 3 or not reshard_after_forward:
+        return params
+    return min(params, (prefetch + 2) * max(unit_bytes))
+
+
 def zero_memory(profile, *, stage: int, fraction: float, micro_samples: int, prefetch: int = 1,
                 reshard_after_forward: bool = True) -> Dict[str, int]:
     """Bytes this rank needs, by category (see the module docstring)."""
@@ -31,15 +45,12 @@ def zero_memory(profile, *, stage: int, fraction: float, micro_samples: int, pre
     params = sum(u.param_bytes for u in units)
     grads = sum(u.grad_bytes for u in units)
     optim = sum(u.optim_bytes for u in units)
-    largest = max(u.param_bytes for u in units)
     largest_grad = max(u.grad_bytes for u in units)
-    if stage >= 3:
-        held = len(units) if not reshard_after_forward else min(len(units), prefetch + 2)
-        whole_params = min(params, held * largest)
-    else:
-        whole_params = params
+    whole_params = whole_param_bytes([u.param_bytes for u in units], stage=stage, prefetch=prefetch,
+                                     reshard_after_forward=reshard_after_forward)
     if stage >= 2:
-        gradients = int(fraction * grads) + min(grads, 2 * largest_grad) + int(fraction * largest_grad)
+        gradients = int(fraction * grads) + min(grads, GRAD_BUFFERS_IN_FLIGHT * largest_grad) + \
+            int(fraction * largest_grad)
     else:
         gradients = grads + int(fraction * grads)
     return {
