@@ -7,6 +7,7 @@ import torch
 
 from hcomm.parallel.zero import buffers
 from hcomm.parallel.zero.buffers import BufferPool
+from hcomm.parallel.zero.memory import GRAD_BUFFERS_IN_FLIGHT
 from tests.parallel import dp_cases, zero_cases
 from tests.parallel.test_zero import check, zero_plan
 
@@ -109,3 +110,6 @@ def test_a_zero_run_reuses_its_buffers(pool3, stage):
         made = [s["tensor_allocations"] for s in stats]
         per_step = [b - a for a, b in zip([0] + made, made)]
         assert 0 < made[0] and all(n < 2 * units * 3 for n in per_step), (per_step, units)
+        # whole-unit gradient buffers held at once: what memory.py counts, on computing and ghost-only
+        # ranks alike (before the engine waited for the older reduce-scatter, all five were out at once)
+        assert all(1 <= s["grad_buffers_peak"] <= GRAD_BUFFERS_IN_FLIGHT for s in stats), stats

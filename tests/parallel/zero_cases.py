@@ -26,6 +26,7 @@ def case_zero_train(ctx, plan_yaml: str, steps: int, optimizer: str = "sgd", isl
             stats.append({**{k: v for k, v in t.zero.items() if k != "units"}, "compute_s": t.compute_s,
                           "block_allocations": pm.zero.engine.pool.block_allocations,
                           "tensor_allocations": pm.zero.engine.pool.tensor_allocations,
+                          "grad_buffers_peak": pm.zero.engine.grad_buffers_peak,
                           "units": len(pm.zero.engine.units)})
         losses = torch.tensor(weighted, dtype=torch.float64)
         dist.all_reduce(losses, group=groups.default)

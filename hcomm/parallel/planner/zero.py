@@ -12,7 +12,9 @@ the gather stream issues unit j's gather ``prefetch`` units ahead of its
 compute, in forward then backward order (stage 3; stages 1-2 gather every
 unit once after the optimizer step, ahead of the next forward); the reduce
 stream takes unit j's reduce-scatter when its backward ends.  Compute of a
-unit starts when the previous unit's compute ended and its gather arrived.
+unit starts when the previous unit's compute ended and its gather arrived;
+a backward also waits for the reduce-scatter ``GRAD_BUFFERS_IN_FLIGHT``
+units back (the engine holds no more whole-unit gradient buffers).
 Every rank waits for the slowest in each collective, so per unit the
 slowest rank's compute is used.
 """
@@ -22,6 +24,7 @@ import math
 from typing import List, Tuple
 
 from hcomm.parallel.planner.cost import beside_compute, side_by_side_allreduce_s
+from hcomm.parallel.zero.memory import GRAD_BUFFERS_IN_FLIGHT
 
 
 def _unit_times(view, plan) -> Tuple[List[float], List[float], int]:
@@ -114,6 +117,7 @@ def zero_step_s(view, plan) -> Tuple[float, str]:
             t = max(t, arrive.get((u, "f"), 0.0))
             starts.append(t)
             t += fwd[u]
+        reduced = {}
         for u in reversed(range(units)):
             for g in [x for x in gathers if x[1] == "b" and x[0] >= u - ahead and x not in issue_at]:
                 issue_at[g] = t
@@ -121,10 +125,15 @@ def zero_step_s(view, plan) -> Tuple[float, str]:
                 gather_free = begin + beside_compute(half[g[0]], begin, busy, slowdown)
                 arrive[g] = gather_free
             t = max(t, arrive.get((u, "b"), 0.0))
+            # the engine holds at most GRAD_BUFFERS_IN_FLIGHT whole-unit gradient buffers: unit u's waits
+            # for the reduce-scatter that many units back to hand its buffer over
+            if stage >= 2:
+                t = max(t, reduced.get(u + GRAD_BUFFERS_IN_FLIGHT, 0.0))
             t += bwd[u]
             if stage >= 2 or m == rounds - 1:
                 begin = max(reduce_free, t)
                 reduce_free = begin + beside_compute(reduce[u], begin, busy, slowdown)
+                reduced[u] = reduce_free
         total += max(t, reduce_free)
     fractions = [1.0 / plan.world_size if r.shard_fraction is None else r.shard_fraction for r in plan.ranks]
     optimizer = max(o * f for o, f in zip(view.optimizer_s, fractions))

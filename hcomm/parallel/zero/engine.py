@@ -77,6 +77,7 @@ class _Pending:
     scratch: Optional[torch.Tensor] = None
     grad_full: Optional[torch.Tensor] = None
     phase: str = "reduce"        # reduce -> (replicate) -> done
+    waited: bool = False         # its reduce-scatter was already waited for (and its time counted)
 
 
 @dataclass
@@ -123,6 +124,7 @@ class ZeroEngine:
         self._by_param: Dict[int, tuple] = {id(p): (s.unit.index, k) for s in self.units
                                             for k, p in enumerate(s.unit.params)}
         self._pending: Deque[_Pending] = deque()
+        self.grad_buffers_peak = 0
         self._next_reduce = len(self.units) - 1
         self._reducing = True       # this round's gradients leave (stage 1: only the last round)
         self._hooks = []
@@ -142,6 +144,7 @@ class ZeroEngine:
         return [s.master for s in self.units]
 
     def begin_step(self) -> None:
+        self.grad_buffers_peak = 0   # most whole-unit gradient buffers held at once this step (tests)
         for s in self.units:
             s.stats = UnitStats()
             s.master.grad = torch.zeros_like(s.master)
@@ -182,14 +185,18 @@ class ZeroEngine:
                 self._pre_forward(i)(None, None)
                 if not self._kept_after_forward(i):
                     self._free(self.units[i])
-            for i in reversed(self._forward_order()):
+        # Backward, unit by unit in the order a real backward reaches them: its gathers (stage 3), then
+        # its reduce-scatter (zeros), so the two groups' collectives interleave as on computing ranks
+        # and a rank waiting for a reduce-scatter mid-backward never waits on this one's gathers.
+        for i in reversed(self._forward_order()):
+            s = self.units[i]
+            if self.stage == 3:
                 self._pre_backward(i)(None)
-                self._free(self.units[i])
-        if self._reducing:
-            for s in reversed(self.units):
-                s.grad_full = self.pool.tensor(s.unit.numel, s.full.dtype, s.full.device, zero=True)
+                self._free(s)
+            if self._reducing:
                 s.ready = len(s.unit.params)
-            self._launch_reductions()
+                self._launch_reductions()
+        if self._reducing:
             self._drain(0)
         return time.perf_counter() - start
 
@@ -298,8 +305,7 @@ class ZeroEngine:
         s = self.units[index]
         u = s.unit
         if s.grad_full is None:
-            self._reap()   # reductions done by now hand their buffers back for this one
-            s.grad_full = self.pool.tensor(u.numel, p.dtype, p.device, zero=True)
+            self._take_grad_buffer(s, p.dtype)
         s.grad_full[u.offsets[k]: u.offsets[k] + p.numel()].add_(p.grad.reshape(-1))
         p.grad = None   # the flat buffer holds it now; autograd's copy is freed at once
         s.ready += 1
@@ -315,7 +321,7 @@ class ZeroEngine:
                 self.units[self._next_reduce].unit.params):
             s = self.units[self._next_reduce]
             if s.grad_full is None:     # no parameter of the unit was used: it contributes zeros
-                s.grad_full = self.pool.tensor(s.unit.numel, s.full.dtype, s.full.device, zero=True)
+                self._take_grad_buffer(s, s.full.dtype)
             scratch = self.pool.tensor(s.unit.shard_numel, s.grad_full.dtype, s.grad_full.device)
             t = time.perf_counter()
             work = hcomm.reduce_scatter_v(scratch, s.grad_full, s.unit.counts, group=self.reduce_group,
@@ -326,6 +332,35 @@ class ZeroEngine:
             s.grad_full = None
             self._next_reduce -= 1
             self._reap()
+
+    def _take_grad_buffer(self, s: _UnitState, dtype: torch.dtype) -> None:
+        """Give unit ``s`` a zeroed whole-unit gradient buffer, holding no more of them than memory.py
+        counts (``GRAD_BUFFERS_IN_FLIGHT``): first wait, oldest first, for the reduce-scatters that still
+        hold theirs (as FSDP2 makes the next reduce-scatter wait for the last one's input).
+
+        Waiting here, mid-backward, cannot deadlock: every rank issues its gathers and reduce-scatters
+        in one interleaving (a ghost round follows a real backward's order, unit by unit), and the
+        reduce-scatter waited for was issued units before the gathers this rank has not issued yet.
+        Only reduce-scatters are waited for here; a replica all-reduce (HSDP) is started lazily, when
+        its reduce-scatter is finished, so it waits for ``end_round``."""
+        self._reap()   # reductions done by now hand their buffers back for this one
+        holding = [job for job in self._pending if job.grad_full is not None]
+        # stage 1 keeps every unit's whole gradient through the step anyway (memory.py counts it)
+        waited = holding[: max(0, len(holding) - (GRAD_BUFFERS_IN_FLIGHT - 1))] if self.stage >= 2 else []
+        for job in waited:
+            unit = self.units[job.unit]
+            t = time.perf_counter()
+            job.work.wait()
+            now = time.perf_counter()
+            unit.stats.exposed_s += now - t
+            unit.stats.overlapped_s += t - job.issued
+            job.waited = True
+            self.pool.give(job.grad_full)
+            job.grad_full = None
+        s.grad_full = self.pool.tensor(s.unit.numel, dtype, s.full.device, zero=True)
+        held = sum(u.grad_full is not None for u in self.units) + \
+            sum(job.grad_full is not None for job in self._pending)
+        self.grad_buffers_peak = max(self.grad_buffers_peak, held)
 
     def _reap(self) -> None:
         """Finish the reductions that are done, without blocking.
@@ -352,8 +387,10 @@ class ZeroEngine:
         t = time.perf_counter()
         job.work.wait()
         now = time.perf_counter()
-        s.stats.exposed_s += now - t
-        s.stats.overlapped_s += t - job.issued
+        if not job.waited:
+            s.stats.exposed_s += now - t
+            s.stats.overlapped_s += t - job.issued
+        job.waited = False
         if job.grad_full is not None:   # the whole-unit gradient is done with here
             self.pool.give(job.grad_full)
             job.grad_full = None

@@ -10,7 +10,9 @@ activation bytes; the pieces are ZeRO's units) and the engine's behaviour
 - master shard: the fp32 copy of this rank's fraction the optimizer steps;
 - gradients: stage 1 keeps the whole flat gradient; stages 2-3 keep the
   shard's gradient plus the whole-unit buffers whose reductions are in flight
-  (two units, the largest) and the scratch of one reduce-scatter;
+  (two units, the largest: the engine waits for the older reduce-scatter
+  before it takes a third) and the results of those reduce-scatters (one
+  shard of the largest unit each);
 - optimizer: the state of this rank's fraction (AdamW: two fp32 per element);
 - activations: what one micro-batch saves for backward.
 
@@ -50,7 +52,7 @@ def zero_memory(profile, *, stage: int, fraction: float, micro_samples: int, pre
                                      reshard_after_forward=reshard_after_forward)
     if stage >= 2:
         gradients = int(fraction * grads) + min(grads, GRAD_BUFFERS_IN_FLIGHT * largest_grad) + \
-            int(fraction * largest_grad)
+            GRAD_BUFFERS_IN_FLIGHT * int(fraction * largest_grad)
     else:
         gradients = grads + int(fraction * grads)
     return {
