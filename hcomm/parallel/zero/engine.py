@@ -342,7 +342,9 @@ class ZeroEngine:
         in one interleaving (a ghost round follows a real backward's order, unit by unit), and the
         reduce-scatter waited for was issued units before the gathers this rank has not issued yet.
         Only reduce-scatters are waited for here; a replica all-reduce (HSDP) is started lazily, when
-        its reduce-scatter is finished, so it waits for ``end_round``."""
+        its reduce-scatter is finished, so it waits for ``end_round``.  Only launched reductions can
+        be waited for: reductions launch in unit order, so a unit whose gradients arrive late (a weight
+        shared with a later unit) holds the later units' buffers until it is complete."""
         self._reap()   # reductions done by now hand their buffers back for this one
         holding = [job for job in self._pending if job.grad_full is not None]
         # stage 1 keeps every unit's whole gradient through the step anyway (memory.py counts it)
@@ -363,14 +365,8 @@ class ZeroEngine:
         self.grad_buffers_peak = max(self.grad_buffers_peak, held)
 
     def _reap(self) -> None:
-        """Finish the reductions that are done, without blocking.
-
-        Never wait for a reduction in the middle of backward: a rank blocked
-        on a reduce-scatter while a peer is blocked on a gather that this rank
-        has not issued yet (its ghost round issues gathers first) would
-        deadlock across the two groups.  So whole-unit gradient buffers are
-        freed as their reductions finish, and ``end_round`` waits for the rest.
-        """
+        """Finish the reductions that are done, without blocking (the only waits mid-backward are
+        ``_take_grad_buffer``'s, on reduce-scatters; ``end_round`` waits for the rest)."""
         while self._pending and self._pending[0].work.is_completed():
             self._finish_front()
 
