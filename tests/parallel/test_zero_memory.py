@@ -7,7 +7,7 @@ import pytest
 
 from hcomm.parallel.plan import Plan
 from hcomm.parallel.planner.zero import zero_step_s
-from hcomm.parallel.zero.memory import check_zero_fits, memory_fractions, zero_memory
+from hcomm.parallel.zero.memory import check_zero_fits, is_replicated, memory_fractions, zero_memory
 from hcomm.train.plans import apply_zero, parse_entry
 from tests.parallel.test_planner_dp import MiB, profile, view
 
@@ -20,6 +20,9 @@ def test_categories_by_stage():
     two = zero_memory(p, stage=2, fraction=0.25, micro_samples=2)
     # the shard's gradient, two whole-unit buffers in flight and their two reduce-scatter results
     assert two["gradients"] == 6 * MiB + 16 * MiB + 2 * 2 * MiB and two["parameters"] == 24 * MiB
+    # island layout (HSDP): every unit's result waits for its all-reduce across islands, the shard again
+    hsdp = zero_memory(p, stage=2, fraction=0.25, micro_samples=2, replicated=True)
+    assert hsdp["gradients"] == 6 * MiB + 16 * MiB + 6 * MiB
     three = zero_memory(p, stage=3, fraction=0.25, micro_samples=2, prefetch=1)
     assert three["parameters"] == 3 * 8 * MiB            # prefetch + 1 in flight + the last unit kept
     kept = zero_memory(p, stage=3, fraction=0.25, micro_samples=2, reshard_after_forward=False)
@@ -44,6 +47,20 @@ def test_check_names_the_rank_and_categories():
                                          r"0\.900 \(parameters 24\.0, master shard 21\.6, .*budget is 100\.0 MiB"):
         check_zero_fits(plan, small, ["A100", "V100"])
     check_zero_fits(plan, [profile(0, budget=1 << 30)] * 2, ["A100", "V100"])
+
+
+def test_the_check_counts_results_waiting_for_the_islands_all_reduce():
+    plan = Plan.from_shares([0.25] * 4, 4, 16, name="hsdp")
+    for r, island in zip(plan.ranks, "aabb"):
+        r.zero_stage, r.shard_fraction, r.island = 2, 0.5, island
+    small = [profile(k, budget=10 * MiB) for k in range(4)]
+    assert not is_replicated(plan)   # flat layout: one shard group
+    with pytest.raises(ValueError, match=r"gradients 36\.0,"):   # 12 + two 8 MiB buffers + two 4 MiB results
+        check_zero_fits(plan, small, ["A100"] * 4)
+    plan.dp_group().zero_layout = "island"
+    assert is_replicated(plan)
+    with pytest.raises(ValueError, match=r"gradients 40\.0,"):   # every unit's result: 12 more
+        check_zero_fits(plan, small, ["A100"] * 4)
 
 
 def test_apply_zero_auto_equal_uniform():

@@ -99,13 +99,13 @@ def _data(plan, view):
 
 
 def _zero_memory(plan, view) -> List[int]:
-    from hcomm.parallel.zero.memory import _shard_group_size, zero_memory
+    from hcomm.parallel.zero.memory import _shard_group_size, is_replicated, zero_memory
 
     dp = plan.dp_group()
     even = 1.0 / _shard_group_size(plan)
     return [sum(zero_memory(p, stage=r.zero_stage, fraction=even if r.shard_fraction is None else r.shard_fraction,
                             micro_samples=n, prefetch=dp.prefetch,
-                            reshard_after_forward=dp.reshard_after_forward).values())
+                            reshard_after_forward=dp.reshard_after_forward, replicated=is_replicated(plan)).values())
             for r, p, n in zip(plan.ranks, view.profiles, _in_flight(plan))]
 
 

@@ -12,7 +12,10 @@ activation bytes; the pieces are ZeRO's units) and the engine's behaviour
   shard's gradient plus the whole-unit buffers whose reductions are in flight
   (two units, the largest: the engine waits for the older reduce-scatter
   before it takes a third) and the results of those reduce-scatters (one
-  shard of the largest unit each);
+  shard of the largest unit each); in the island layout (HSDP) a result
+  stays until its all-reduce across islands ends, which the engine starts
+  when the reduce-scatter ends and waits for after backward, so every unit's
+  result is counted (the shard's size again);
 - optimizer: the state of this rank's fraction (AdamW: two fp32 per element);
 - activations: what one micro-batch saves for backward.
 
@@ -41,8 +44,9 @@ def whole_param_bytes(unit_bytes: Sequence[int], *, stage: int, prefetch: int = 
 
 
 def zero_memory(profile, *, stage: int, fraction: float, micro_samples: int, prefetch: int = 1,
-                reshard_after_forward: bool = True) -> Dict[str, int]:
-    """Bytes this rank needs, by category (see the module docstring)."""
+                reshard_after_forward: bool = True, replicated: bool = False) -> Dict[str, int]:
+    """Bytes this rank needs, by category (see the module docstring); ``replicated``: shards are
+    all-reduced across islands (the island layout with more than one island)."""
     units = profile.layers
     params = sum(u.param_bytes for u in units)
     grads = sum(u.grad_bytes for u in units)
@@ -51,8 +55,8 @@ def zero_memory(profile, *, stage: int, fraction: float, micro_samples: int, pre
     whole_params = whole_param_bytes([u.param_bytes for u in units], stage=stage, prefetch=prefetch,
                                      reshard_after_forward=reshard_after_forward)
     if stage >= 2:
-        gradients = int(fraction * grads) + min(grads, GRAD_BUFFERS_IN_FLIGHT * largest_grad) + \
-            GRAD_BUFFERS_IN_FLIGHT * int(fraction * largest_grad)
+        results = int(fraction * grads) if replicated else GRAD_BUFFERS_IN_FLIGHT * int(fraction * largest_grad)
+        gradients = int(fraction * grads) + min(grads, GRAD_BUFFERS_IN_FLIGHT * largest_grad) + results
     else:
         gradients = grads + int(fraction * grads)
     return {
@@ -65,7 +69,8 @@ def zero_memory(profile, *, stage: int, fraction: float, micro_samples: int, pre
 
 
 def memory_fractions(profiles: Sequence, *, stage: int, micro_samples: Sequence[int], prefetch: int = 1,
-                     reshard_after_forward: bool = True, members: Sequence[int] = ()) -> List[float]:
+                     reshard_after_forward: bool = True, members: Sequence[int] = (),
+                     replicated: bool = False) -> List[float]:
     """Shard fractions proportional to what each member has left once its unsharded needs are met.
 
     ``members`` (global ranks, default all) is the shard group; the budget
@@ -79,7 +84,7 @@ def memory_fractions(profiles: Sequence, *, stage: int, micro_samples: Sequence[
     for r in members:
         p = profiles[r]
         fixed = sum(zero_memory(p, stage=stage, fraction=0.0, micro_samples=micro_samples[r], prefetch=prefetch,
-                                reshard_after_forward=reshard_after_forward).values())
+                                reshard_after_forward=reshard_after_forward, replicated=replicated).values())
         free.append(max(0, p.memory_budget_bytes - fixed))
     total = sum(free)
     if total <= 0:
@@ -96,7 +101,7 @@ def check_zero_fits(plan, profiles: Sequence, devices: Sequence[str]) -> None:
         fraction = even if r.shard_fraction is None else r.shard_fraction
         in_flight = min(r.micro_batch or counts[rank], counts[rank])
         need = zero_memory(p, stage=r.zero_stage, fraction=fraction, micro_samples=in_flight, prefetch=dp.prefetch,
-                           reshard_after_forward=dp.reshard_after_forward)
+                           reshard_after_forward=dp.reshard_after_forward, replicated=is_replicated(plan))
         total = sum(need.values())
         if total > p.memory_budget_bytes:
             parts = ", ".join(f"{k} {v / MiB:.1f}" for k, v in need.items())
@@ -112,3 +117,8 @@ def _shard_group_size(plan) -> int:
         if all(labels):
             return labels.count(labels[0])
     return plan.world_size
+
+
+def is_replicated(plan) -> bool:
+    """Whether the plan's shards are all-reduced across islands (island layout, more than one island)."""
+    return _shard_group_size(plan) < plan.world_size
