@@ -193,6 +193,9 @@ std::shared_ptr<Request> Communicator::submit(CollectiveArgs args, OpHooks hooks
       AlgoContext ctx = context();
       ctx.hierarchy = hierarchy.get();
       ctx.scratch = &scratch_;
+      ctx.copy = &copy_;
+      ctx.stage_scratch[0] = &stage_scratch_[0];
+      ctx.stage_scratch[1] = &stage_scratch_[1];
       algorithm->run(args, ctx, rec);
     }
     if (pending && hooks.after) {

@@ -106,7 +106,9 @@ class Communicator {
   uint64_t next_collective_seq_ = 0;
   std::deque<OpRecord> history_;
   std::shared_ptr<const Hierarchy> hierarchy_;
-  std::vector<uint8_t> scratch_;  // used on the worker only
+  std::vector<uint8_t> scratch_;  // used on the worker only (and the three below: AlgoContext)
+  std::vector<uint8_t> copy_;
+  std::vector<uint8_t> stage_scratch_[2];
   Executor executor_;            // last: its threads stop before the members above go
 };
 

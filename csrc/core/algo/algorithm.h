@@ -86,12 +86,22 @@ struct AlgoContext {
   double reduce_bandwidth = 4.0e9;
   // Scratch memory reused across ops on the worker thread.
   std::vector<uint8_t>* scratch = nullptr;
+  // Reused too: the copy of an input a reduction must leave untouched, and the scratch of the two stage
+  // threads a pipelined algorithm runs beside the worker.  A buffer made per op costs more than its
+  // copy: the C library hands large ones out as fresh pages, which the kernel clears on first touch
+  // (perf on the emulator's TP ranks: clear_page 21-28 % of their CPU, in these buffers' memsets).
+  std::vector<uint8_t>* copy = nullptr;
+  std::vector<uint8_t>* stage_scratch[2] = {nullptr, nullptr};
 
   int rank() const { return flat->rank(); }
   int size() const { return flat->size(); }
-  void* scratch_bytes(size_t n) {
-    if (scratch->size() < n) scratch->resize(n);
-    return scratch->data();
+  void* scratch_bytes(size_t n) { return grown(scratch, n); }
+  // `n` bytes of `copy` (a vector of the caller's where the context has none).
+  uint8_t* copy_bytes(size_t n, std::vector<uint8_t>& fallback) { return grown(copy ? copy : &fallback, n); }
+
+  static uint8_t* grown(std::vector<uint8_t>* v, size_t n) {
+    if (v->size() < n) v->resize(n);
+    return v->data();
   }
 };
 

@@ -131,6 +131,9 @@ void run_flat(Transport& t, const CollectiveArgs& args, AlgoContext& parent, OpR
   ctx.flat_link = parent.hierarchy ? parent.hierarchy->intra_link : parent.flat_link;
   ctx.reduce_bandwidth = parent.reduce_bandwidth;
   ctx.scratch = parent.scratch;
+  ctx.copy = parent.copy;
+  ctx.stage_scratch[0] = parent.stage_scratch[0];
+  ctx.stage_scratch[1] = parent.stage_scratch[1];
   Selection sel = select_algorithm(args, ctx, "");
   OpRecord inner;
   sel.algorithm->run(args, ctx, inner);

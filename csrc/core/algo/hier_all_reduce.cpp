@@ -225,9 +225,9 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
     return std::thread(std::move(fn));
   };
   std::thread rs_thread = spawn([&] {
-    std::vector<uint8_t> scratch;
+    std::vector<uint8_t> own_scratch;
     AlgoContext local_ctx = ctx;
-    local_ctx.scratch = &scratch;
+    local_ctx.scratch = ctx.stage_scratch[0] ? ctx.stage_scratch[0] : &own_scratch;
     try {
       for (int k = 0; k < chunks; ++k) {
         auto t0 = clock::now();
@@ -279,7 +279,8 @@ void HierAllReduce::run(const CollectiveArgs& args, AlgoContext& ctx, OpRecord& 
   double return_s = 0;
   std::exception_ptr return_error;
   std::thread x_thread = spawn([&] {
-    std::vector<uint8_t> scratch;
+    std::vector<uint8_t> own_scratch;
+    std::vector<uint8_t>& scratch = ctx.stage_scratch[1] ? *ctx.stage_scratch[1] : own_scratch;
     try {
       for (int k = 0; k < chunks; ++k) {
         if (!rs_done.wait_for(k)) throw Error(ErrorKind::kRuntime, "hcomm: hier all_reduce: intra-island stage failed");

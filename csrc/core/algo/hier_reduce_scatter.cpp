@@ -52,10 +52,11 @@ class HierReduceScatter final : public Algorithm {
     // would be device scratch; under the staging mode it stands for one, and
     // only the bridge and the engine move its bytes to and from the host.)
     stage::CopyEngine* engine = staging_engine(h, a.input);
-    std::vector<uint8_t> copy(a.input.bytes());
-    if (!copy.empty()) std::memcpy(copy.data(), a.input.data, copy.size());
+    std::vector<uint8_t> own_copy;
+    uint8_t* copy = ctx.copy_bytes(a.input.bytes(), own_copy);
+    if (a.input.bytes()) std::memcpy(copy, a.input.data, a.input.bytes());
     Buffer work = a.input;
-    work.data = copy.data();
+    work.data = copy;
     // Phase 1: intra-island reduce-scatters.
     std::vector<Range> my_piece(h.count());
     for (size_t j = 0; j < h.count(); ++j) {

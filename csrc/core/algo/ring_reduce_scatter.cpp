@@ -31,10 +31,11 @@ class RingReduceScatter final : public Algorithm {
     std::vector<int64_t> counts = args.input_counts;
     if (counts.empty()) counts.assign(n, args.output.count);
     // Reduce in a copy so the caller's input stays untouched.
-    std::vector<uint8_t> copy(args.input.bytes());
-    if (!copy.empty()) std::memcpy(copy.data(), args.input.data, copy.size());
+    std::vector<uint8_t> own_copy;
+    uint8_t* copy = ctx.copy_bytes(args.input.bytes(), own_copy);
+    if (args.input.bytes()) std::memcpy(copy, args.input.data, args.input.bytes());
     Buffer work = args.input;
-    work.data = copy.data();
+    work.data = copy;
     ring_reduce_scatter_inplace(t, work, counts, args.reduce, ctx);
     Buffer mine = work.slice(offsets_of(counts)[r], counts[r]);
     if (args.reduce == ReduceOp::kAvg) kernels::divide_by(mine.data, mine.count, mine.dtype, n);
