@@ -1,8 +1,6 @@
 """The ZeRO memory model, memory-sized shard fractions, the per-rank check and the ZeRO cost model,
 on hand-made profiles (units of 4, 8, 8, 4 MiB; AdamW state 2x the parameters; 1 MiB of activations
 per sample)."""
-import types
-
 import pytest
 
 from hcomm.parallel.plan import Plan

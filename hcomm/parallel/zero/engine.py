@@ -286,11 +286,7 @@ class ZeroEngine:
     def _wait_gather(self, s: _UnitState) -> None:
         if s.gather_work is None:
             return
-        t = time.perf_counter()
-        s.gather_work.wait()
-        now = time.perf_counter()
-        s.stats.exposed_s += now - t
-        s.stats.overlapped_s += t - s.gather_issued
+        _timed_wait(s.gather_work, s.gather_issued, s.stats)
         s.gather_work = None
         s.gathered = True
 
@@ -350,12 +346,7 @@ class ZeroEngine:
         # stage 1 keeps every unit's whole gradient through the step anyway (memory.py counts it)
         waited = holding[: max(0, len(holding) - (GRAD_BUFFERS_IN_FLIGHT - 1))] if self.stage >= 2 else []
         for job in waited:
-            unit = self.units[job.unit]
-            t = time.perf_counter()
-            job.work.wait()
-            now = time.perf_counter()
-            unit.stats.exposed_s += now - t
-            unit.stats.overlapped_s += t - job.issued
+            _timed_wait(job.work, job.issued, self.units[job.unit].stats)
             job.waited = True
             self.pool.give(job.grad_full)
             job.grad_full = None
@@ -380,13 +371,12 @@ class ZeroEngine:
         back at the front: launches stay in unit order on every rank) or add it to the shard's grad."""
         job = self._pending.popleft()
         s = self.units[job.unit]
-        t = time.perf_counter()
-        job.work.wait()
-        now = time.perf_counter()
-        if not job.waited:
-            s.stats.exposed_s += now - t
-            s.stats.overlapped_s += t - job.issued
+        if job.waited:   # counted when _take_grad_buffer waited for it
+            job.work.wait()
+        else:
+            _timed_wait(job.work, job.issued, s.stats)
         job.waited = False
+        now = time.perf_counter()
         if job.grad_full is not None:   # the whole-unit gradient is done with here
             self.pool.give(job.grad_full)
             job.grad_full = None
@@ -400,6 +390,14 @@ class ZeroEngine:
             return
         s.master.grad.add_(job.scratch.to(s.master.dtype))
         self.pool.give(job.scratch)
+
+
+def _timed_wait(work, issued: float, stats: UnitStats) -> None:
+    """Wait for ``work``: the time waited is exposed, the time it ran before the wait was hidden."""
+    t = time.perf_counter()
+    work.wait()
+    stats.exposed_s += time.perf_counter() - t
+    stats.overlapped_s += t - issued
 
 
 def _first_tensor_needing_grad(output) -> Optional[torch.Tensor]:
