@@ -191,7 +191,7 @@ def _shard(plan, view, stage: int, base: str, layout: str, prefetch: int) -> Non
         groups = [list(m) for m in view.islands] if layout == "island" else [list(range(plan.world_size))]
         for members in groups:
             fractions = memory_fractions(view.profiles, stage=stage, micro_samples=in_flight, prefetch=prefetch,
-                                         members=members, replicated=len(groups) > 1)
+                                         members=members)
             # rounded for a readable plan, to enough digits that the rounding of thousands of shards
             # stays far below any one of them; the remainder goes to the largest shard (exact sum)
             digits = 6 + max(0, math.ceil(math.log10(len(members) / 100)))

@@ -69,8 +69,7 @@ def zero_memory(profile, *, stage: int, fraction: float, micro_samples: int, pre
 
 
 def memory_fractions(profiles: Sequence, *, stage: int, micro_samples: Sequence[int], prefetch: int = 1,
-                     reshard_after_forward: bool = True, members: Sequence[int] = (),
-                     replicated: bool = False) -> List[float]:
+                     reshard_after_forward: bool = True, members: Sequence[int] = ()) -> List[float]:
     """Shard fractions proportional to what each member has left once its unsharded needs are met.
 
     ``members`` (global ranks, default all) is the shard group; the budget
@@ -84,7 +83,7 @@ def memory_fractions(profiles: Sequence, *, stage: int, micro_samples: Sequence[
     for r in members:
         p = profiles[r]
         fixed = sum(zero_memory(p, stage=stage, fraction=0.0, micro_samples=micro_samples[r], prefetch=prefetch,
-                                reshard_after_forward=reshard_after_forward, replicated=replicated).values())
+                                reshard_after_forward=reshard_after_forward).values())
         free.append(max(0, p.memory_budget_bytes - fixed))
     total = sum(free)
     if total <= 0:
