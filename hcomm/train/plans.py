@@ -42,6 +42,8 @@ KEYS = ("bucket_mb", "sync_every", "compress", "shares", "overlap", "resplit", "
         "prefetch", "pp", "split", "schedule", "microbatches", "precision", "tp", "sp")
 PIPELINE_KEYS = ("pp", "split", "schedule", "microbatches", "tp", "sp")
 DP_STRAGGLER_MARGIN = 0.3   # auto data parallelism re-splits on drift by default: only rows move
+SEARCH_KEYS = {"precision", "trial", "straggler"}
+SEARCH_PINS = "search chooses every dimension (it takes @precision, @trial and @straggler only)"
 
 
 def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
@@ -56,12 +58,11 @@ def parse_entry(entry: str) -> Tuple[str, Dict[str, str]]:
             raise ValueError(f"--plan {entry}: {pin!r} is not KEY=VALUE with KEY one of {', '.join(KEYS)}")
         out[key] = value
     if set(out) - {"zero", *PIPELINE_KEYS} and base not in ("auto", "equal"):
-        if not (base == "search" and set(out) <= {"precision", "trial"}):
+        if not (base == "search" and set(out) <= SEARCH_KEYS):
             raise ValueError(f"--plan {entry}: pins other than zero and the pipeline's apply to auto and equal only"
-                             + ("; search chooses every dimension (it takes @precision and @trial only)"
-                                if base == "search" else ""))
-    if base == "search" and set(out) - {"precision", "trial"}:
-        raise ValueError(f"--plan {entry}: search chooses every dimension (it takes @precision and @trial only)")
+                             + (f"; {SEARCH_PINS}" if base == "search" else ""))
+    if base == "search" and set(out) - SEARCH_KEYS:
+        raise ValueError(f"--plan {entry}: {SEARCH_PINS}")
     if "trial" in out and not out["trial"].isdigit():
         raise ValueError(f"--plan {entry}: trial must be a number of plans to measure (0 = none), got {out['trial']!r}")
     for key in ("pp", "microbatches", "tp"):
@@ -201,7 +202,30 @@ def searched_plan(args, view, entry: str, trial: int = 0, dtypes_searched: bool 
             if candidate.tensor_groups() and c.plan is not plan:   # (the winner has its shard note)
                 _note_shards(candidate, view, config)
             plan.trial_plans.append(candidate)
+    for p in [plan, *plan.trial_plans]:   # whichever the trial keeps trains watched
+        watch_as_auto(args, p, parse_entry(entry)[1])
     return plan
+
+
+def watch_as_auto(args, plan, pins: Dict[str, str]) -> None:
+    """A searched plan follows drift as the auto plan of its kind does: data parallelism (plain, ZeRO, across
+    TP groups) re-splits its rows by default (only rows move); a pipeline re-cuts its layers only when asked
+    (``--straggler-margin`` / ``@straggler=``: it moves state); islands with an outer sync are not watched."""
+    dp = plan.dp_group()
+    if dp.sync_every == 1:
+        dp.straggler_margin = _straggler_margin(args, pins, 0.0 if plan.pipeline_groups() else DP_STRAGGLER_MARGIN)
+
+
+def searched_shape(plan) -> Dict[str, str]:
+    """The pins that make the auto planner's call of a searched plan's shape (``replanner_for``): its stages
+    per pipeline or its TP degree, and the compression its gradient sync runs (the search chose it)."""
+    pins = {"compress": plan.dp_group().compression}
+    if plan.pipeline_groups():
+        pins["pp"] = str(len(plan.pipeline_groups()[0].ranks))
+    if plan.tensor_groups():
+        pins["tp"] = str(len(plan.tensor_groups()[0].ranks))
+        pins["sp"] = "1" if plan.tensor_groups()[0].sequence_parallel else "0"
+    return pins
 
 
 def _data_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
@@ -282,14 +306,18 @@ def replanner_for(args, view, plan):
     call that made it, on the drifted speeds (``planner.replan``).  A pipeline of TP groups is cut again
     by the same pipeline planner on the view where each group is one device (its groups and fractions
     stay: the replanner hands this call that view).  TP groups alone may get new shards from the same
-    tensor planner call (``planner.replan_tensor``)."""
+    tensor planner call (``planner.replan_tensor``).  A searched plan is re-planned by the auto planner's
+    call for the shape the search chose (``searched_shape``): the search's other shapes would move the whole
+    state between layouts, which no re-plan here prices."""
     if not plan.dp_group().straggler_margin or not (plan.pipeline_groups() or plan.tensor_groups()):
         return None
     from hcomm.parallel.planner.replan import PipelineReplanner
     from hcomm.parallel.planner.replan_tensor import TensorReplanner
 
     base, pins = parse_entry(plan.name)
-    if base != "auto":   # a plan file or a searched plan: no planner call to repeat
+    if base == "search":   # the auto planner's call for the shape the search chose
+        base, pins = "auto", searched_shape(plan)
+    if base != "auto":   # a plan file: no planner call to repeat
         return None
     if not plan.pipeline_groups():   # TP groups: the same planner call gives the shards at the drifted speeds
         return TensorReplanner(view, lambda v, old: tensor_plan(args, v, old.name, base, pins))
