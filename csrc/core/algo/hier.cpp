@@ -126,14 +126,13 @@ bool islands_contiguous(const Hierarchy& h) {
 }
 
 void run_flat(Transport& t, const CollectiveArgs& args, AlgoContext& parent, OpRecord& record) {
-  AlgoContext ctx;
+  // The parent's context less its hierarchy: every reused buffer and setting carries over by itself.
+  // So the flat algorithm may reuse the parent's `copy` and scratch: a caller must not hold them across
+  // this call (hier_broadcast, the one caller, holds neither).
+  AlgoContext ctx = parent;
   ctx.flat = &t;
+  ctx.hierarchy = nullptr;
   ctx.flat_link = parent.hierarchy ? parent.hierarchy->intra_link : parent.flat_link;
-  ctx.reduce_bandwidth = parent.reduce_bandwidth;
-  ctx.scratch = parent.scratch;
-  ctx.copy = parent.copy;
-  ctx.stage_scratch[0] = parent.stage_scratch[0];
-  ctx.stage_scratch[1] = parent.stage_scratch[1];
   Selection sel = select_algorithm(args, ctx, "");
   OpRecord inner;
   sel.algorithm->run(args, ctx, inner);
