@@ -18,6 +18,11 @@ the planner predicts it pays for the move, give the slow member a smaller shard,
 writes ``train-straggler-zero<N>-<date>.md`` / ``train-straggler-tp<T>-<date>.md``.  ``--pp N --tp T``:
 a pipeline of TP groups, re-cut as the pipeline of its groups.
 
+``--search``: the same with the joint search's plan (the main job's), without the trial so that both
+entries train the search's one best predicted plan: watched as the auto plan of that kind
+(``@straggler=0.3``: a pipeline re-cuts or re-splits its replicas' rows, data parallelism re-splits) and
+not; writes ``train-straggler-search-<date>.md``.
+
 Writes ``benchmarks/results/train-straggler-<date>.md`` (+ JSON and plot).  Needs root (emulator).
 """
 from __future__ import annotations
@@ -40,6 +45,7 @@ SLOW_AT = 12          # progress lines come every STEPS // 10 steps: 1, 4, 8, 12
 SLOW_RANK, SLOW_SPEED = 0, 0.25
 PLANS = "auto,auto@straggler=0"
 PIPELINE_PLANS = "auto@straggler=0.3,auto@straggler=0"
+SEARCH_PLANS = "search@trial=0@straggler=0.3,search@trial=0@straggler=0"
 
 
 class Trigger:
@@ -74,11 +80,14 @@ def main() -> int:
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages per replica (1: data parallelism)")
     parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage of the auto plan")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel group size of the auto plan")
+    parser.add_argument("--search", action="store_true", help="the joint search's plan instead of auto's")
     args = parser.parse_args()
     pp = args.pp
-    plans = PLANS if pp == 1 else PIPELINE_PLANS
-    kind = (f"-pp{pp}" if pp > 1 else "") + (f"-zero{args.zero}" if args.zero else "") + \
-        (f"-tp{args.tp}" if args.tp > 1 else "")
+    if args.search and (pp > 1 or args.zero or args.tp > 1):
+        parser.error("--search chooses every dimension: no --pp, --zero or --tp with it")
+    plans = SEARCH_PLANS if args.search else PLANS if pp == 1 else PIPELINE_PLANS
+    kind = "-search" if args.search else (f"-pp{pp}" if pp > 1 else "") + (f"-zero{args.zero}" if args.zero else "") \
+        + (f"-tp{args.tp}" if args.tp > 1 else "")
 
     date = datetime.date.today().isoformat()
     stem = os.path.join(RESULTS, f"train-straggler{kind}-{date}")
