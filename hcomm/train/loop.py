@@ -37,6 +37,9 @@ class PlanResult:
     wall_s: float = 0.0
     eval_loss: float = float("nan")
     predicted_step_s: float = float("nan")
+    # the simulator's step for the plan its measured steps ran, where a re-split moved rows before the
+    # warm-up ended (``predicted_as_run``); nan otherwise (the plan's own prediction holds)
+    predicted_as_run_s: float = float("nan")
     counts: List[int] = field(default_factory=list)  # samples per rank at the end (after any re-split)
     resplit: dict = field(default_factory=dict)      # what re-splitting by measured compute changed
     replans: List[dict] = field(default_factory=list)  # re-splits / pipeline re-cuts after a rank drifted (drift.py)
@@ -233,6 +236,24 @@ def _resplit(pm, mine: List[dict], plan, group, rank: int, world: int) -> dict:
         print(f"hcomm train: re-split after {len(mine)} steps by measured ms/sample "
               f"{[round(s * 1e3) for s in per_sample]}: {old} -> {new}", flush=True)
     return {"after_steps": len(mine), "ms_per_sample": [s * 1e3 for s in per_sample], "from": old, "to": new}
+
+
+def predicted_as_run(plan, result: PlanResult, view, warmup_steps: int) -> float:
+    """The simulator's step time for the plan the measured steps ran: a re-split by measured compute
+    (``_resplit``) before the warm-up ends moves rows, so the plan predicted before training is not the
+    one the measurement times -- its prediction is the plan's with the new rows.  nan when nothing moved
+    or some measured step ran before the move."""
+    split = result.resplit
+    if not split or split["to"] == split["from"] or split["after_steps"] > warmup_steps:
+        return math.nan
+    import copy
+
+    from hcomm.parallel.planner.simulate import simulate
+
+    moved = copy.deepcopy(plan)
+    for rank, count in zip(moved.ranks, split["to"]):
+        rank.batch_share = count / plan.global_batch
+    return simulate(moved.validate(), view).step_s
 
 
 def _global_losses(mine: List[dict], plan, group, rank: int) -> List[float]:

@@ -37,12 +37,17 @@ def side_by_side(args, plans, results, view) -> str:
     lines = ["", f"{'plan':<{w}}{'tokens/s':>10}{'step ms':>9}{'predicted':>11}{'loss@end':>10}{'eval loss':>11}"
                  f"   samples per rank"]
     for plan, res in zip(plans, results):
-        pred = f"{res.predicted_step_s * 1e3:.0f}" if not math.isnan(res.predicted_step_s) else "-"
+        predicted = res.predicted_step_s if math.isnan(res.predicted_as_run_s) else res.predicted_as_run_s
+        pred = f"{predicted * 1e3:.0f}" if not math.isnan(predicted) else "-"
         lines.append(f"{plan.name:<{w}}{res.tokens_per_s:>10,.0f}{res.measured_step_s * 1e3:>9.0f}{pred:>11}"
                      f"{_tail_loss(res):>10.4f}{res.eval_loss:>11.4f}   {res.counts or plan.batch_counts()}"
                      + (f" (planned {res.resplit['from']})" if res.resplit.get("from") not in (None, res.counts)
                         else ""))
     for plan, res in zip(plans, results):
+        if not math.isnan(res.predicted_as_run_s):
+            lines.append(f"  {plan.name}: predicted {res.predicted_step_s * 1e3:.0f} ms as planned, "
+                         f"{res.predicted_as_run_s * 1e3:.0f} ms with the rows re-split after step "
+                         f"{res.resplit['after_steps']} (the plan its measured steps ran)")
         for r in res.replans:
             lines.append(f"  {plan.name}: after step {r['after_steps']} rank(s) {r['drifted']} drifted "
                          + ", ".join(f"{d:+.0%}" for d in r["drift"]) + f": {r.get('what', 're-split')} {r['from']} -> {r['to']}")
@@ -85,6 +90,7 @@ def write_json(path: str, args, plans, results, view, data, n_params: int) -> No
                        "calibration": view.calibration},
            "runs": [{"plan": plan.to_dict(), "tokens_per_s": res.tokens_per_s,
                      "measured_step_s": res.measured_step_s, "predicted_step_s": res.predicted_step_s,
+                     "predicted_as_run_s": res.predicted_as_run_s,
                      "eval_loss": res.eval_loss, "wall_s": res.wall_s, "counts": res.counts,
                      "resplit": res.resplit, "replans": res.replans, "steps": res.steps}
                     for plan, res in zip(plans, results)]}

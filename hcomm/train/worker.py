@@ -265,7 +265,7 @@ def _init_process_group(timeout: datetime.timedelta) -> None:
 
 def run(args) -> int:
     from hcomm.parallel.parallelize import make_groups
-    from hcomm.train.loop import train_plan
+    from hcomm.train.loop import predicted_as_run, train_plan
     from hcomm.train.plans import replanner_for
     from hcomm.train.report import report
 
@@ -313,6 +313,7 @@ def run(args) -> int:
             model, _ = build(args, data.vocab_size)
             results.append(train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank, world,
                                       replanner=replanner_for(args, view, plan)))
+            results[-1].predicted_as_run_s = predicted_as_run(plan, results[-1], view, args.warmup_steps)
             del model
             release_memory()   # a small-memory rank needs the plan's memory back for the next (release.py)
         if rank == 0:
