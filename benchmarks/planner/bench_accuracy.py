@@ -8,8 +8,8 @@ the step time is compared; a plan that fails is recorded and the next runs).  A 
 theirs from ``simulate`` directly.  Measured: the median step after warm-up, which for the data-parallel
 plans comes after their re-split by measured compute (``--resplit-after 3``, as the main job): the rows
 moved, so the prediction held to it is the simulator's for the plan with those rows (``hcomm train``'s
-``predicted_as_run_s``; the plan's own prediction is kept as ``planned``).  The issue's bars: every prediction within 15 %, the chosen plan within 10 % of the best
-measured.
+``predicted_as_run_s``; the plan's own prediction is kept as ``planned``).  The issue's bars: every
+prediction within 15 %, the chosen plan within 10 % of the best measured.
 
 ``--repeat N``: on a shared box the same plan's error moved by 13-33 points between two runs a day
 apart (``planner-accuracy-spread-uneven-2026-12-06.md``), more than the bar.  With N > 1 each preset's
@@ -115,7 +115,7 @@ def _median_row(plan: str, rows: list) -> dict:
         return rows[0]
     errors = [r["predicted"] / r["measured"] - 1.0 for r in good]
     row = dict(plan=plan, predicted=statistics.median(r["predicted"] for r in good),
-               planned=statistics.median(r.get("planned", r["predicted"]) for r in good),
+               planned=statistics.median(_planned(r) for r in good),
                measured=statistics.median(r["measured"] for r in good), error=statistics.median(errors),
                errors=errors, failed_runs=len(rows) - len(good))
     trials = [r["trial"] for r in good if r.get("trial")]
