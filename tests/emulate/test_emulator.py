@@ -57,13 +57,17 @@ def test_links_and_compute_within_tolerance(emulator):
             # another job's burst can land on one rank's core (or the wire's)
             # for a whole window; clean-clone runs on 2026-12-03 saw a speed
             # ratio and a link's bandwidth miss twice in a row, each time
-            # passing when measured again on a quiet machine.
+            # passing when measured again on a quiet machine.  A full-suite
+            # run on 2026-12-07 measured the V100 at 0.63 of 0.50 in three 2 s
+            # windows a second apart and 0.50 alone right after: a speed miss
+            # is measured again after a longer settle, over a longer window
+            # (the tolerance stays).
             if attempt:
-                time.sleep(1.0)
+                time.sleep(3.0)
             if attempt == 0 or not all(r.ok for r in rows):
                 rows = check_links(c)
             if attempt == 0 or not all(r.ok for r in speed_rows):
-                speed_rows, _ = check_compute(c, seconds=2.0)
+                speed_rows, _ = check_compute(c, seconds=2.0 if attempt == 0 else 4.0)
             if all(r.ok for r in rows + speed_rows):
                 break
     bad = [r.cells() for r in rows + speed_rows if not r.ok]
