@@ -202,15 +202,16 @@ def searched_plan(args, view, entry: str, trial: int = 0, dtypes_searched: bool 
             if candidate.tensor_groups() and c.plan is not plan:   # (the winner has its shard note)
                 _note_shards(candidate, view, config)
             plan.trial_plans.append(candidate)
-    for p in [plan, *plan.trial_plans]:   # whichever the trial keeps trains watched
-        watch_as_auto(args, p, parse_entry(entry)[1])
+    pins = parse_entry(entry)[1]
+    for p in [plan, *plan.trial_plans]:   # whichever the trial keeps trains watched, as auto's of its kind
+        watch_by_kind(args, p, pins)
     return plan
 
 
-def watch_as_auto(args, plan, pins: Dict[str, str]) -> None:
-    """A searched plan follows drift as the auto plan of its kind does: data parallelism (plain, ZeRO, across
-    TP groups) re-splits its rows by default (only rows move); a pipeline re-cuts its layers only when asked
-    (``--straggler-margin`` / ``@straggler=``: it moves state); islands with an outer sync are not watched."""
+def watch_by_kind(args, plan, pins: Dict[str, str]) -> None:
+    """How an auto or searched plan follows drift: data parallelism (plain, ZeRO, across TP groups) re-splits
+    its rows by default (only rows move); a pipeline re-cuts its layers only when asked (``--straggler-margin``
+    / ``@straggler=``: it moves state); islands with an outer sync are not watched."""
     dp = plan.dp_group()
     if dp.sync_every == 1:
         dp.straggler_margin = _straggler_margin(args, pins, 0.0 if plan.pipeline_groups() else DP_STRAGGLER_MARGIN)
@@ -247,9 +248,8 @@ def _data_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
     else:
         plan = Plan.load(base)
         plan.name = plan.name or os.path.basename(base)
-    if (base == "auto" and plan.dp_group().sync_every == 1 and args.dp_shares is None
-            and "shares" not in pins):   # plain DP or ZeRO, shares not pinned: follow drift (only rows move)
-        plan.dp_group().straggler_margin = _straggler_margin(args, pins, DP_STRAGGLER_MARGIN)
+    if base == "auto" and args.dp_shares is None and "shares" not in pins:   # shares not pinned: follow drift
+        watch_by_kind(args, plan, pins)
     if base in ("auto", "equal", "uniform") and _zero_stage(args, pins):
         apply_zero(plan, view, _zero_stage(args, pins), base, layout=getattr(args, "zero_layout", "auto"),
                    prefetch=int(pins.get("prefetch", getattr(args, "prefetch", 1))))
@@ -290,7 +290,7 @@ def pipeline_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
                          bucket_bytes=_bucket_bytes(args, pins),
                          compression=pins.get("compress", args.compress))
     if base == "auto":   # re-cut the layers on drift (off unless asked: it moves state)
-        plan.dp_group().straggler_margin = _straggler_margin(args, pins, 0.0)
+        watch_by_kind(args, plan, pins)
     return plan
 
 
@@ -342,7 +342,7 @@ def tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]):
                        in ("1", "true", "yes"))
     _note_shards(plan, view, config)
     if base == "auto":   # the groups' rows follow drift (only rows move)
-        plan.dp_group().straggler_margin = _straggler_margin(args, pins, DP_STRAGGLER_MARGIN)
+        watch_by_kind(args, plan, pins)
     return plan
 
 
@@ -379,7 +379,7 @@ def pipeline_tensor_plan(args, view, entry: str, base: str, pins: Dict[str, str]
                                 bucket_bytes=_bucket_bytes(args, pins), compression=pins.get("compress", args.compress))
     _note_shards(plan, view, config)
     if base == "auto":   # re-cut the groups' layers on drift (off unless asked: it moves state)
-        plan.dp_group().straggler_margin = _straggler_margin(args, pins, 0.0)
+        watch_by_kind(args, plan, pins)
     return plan
 
 
