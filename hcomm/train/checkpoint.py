@@ -8,8 +8,15 @@ was never interrupted (tested bitwise, tests/train/test_checkpoint_restart.py).
 
 What a checkpoint holds, written after every N-th step:
   * the model's parameters and the optimizer's state, through
-    torch.distributed.checkpoint (DCP): in data parallelism they are
-    replicated, and DCP writes each tensor once, from one rank;
+    torch.distributed.checkpoint (DCP), keyed by the whole model's parameter
+    names (the optimizer's flattened: one key per parameter and value): in
+    data parallelism they are replicated, and DCP writes each tensor once,
+    from one rank; in a pipeline each rank gives what its stages step (stage
+    replicas agree, one of them writes), so the files hold every parameter
+    once, whatever the cuts, and load into other cuts as they are;
+  * under ZeRO, the same in ``zero/`` (``parallel.zero.state``): each rank
+    writes only its uneven ranges of every parameter and moment, and any
+    other fractions or ZeRO stage load them;
   * per rank (``rank-<r>.pt``): its step records so far (the global losses
     are computed from them after the last step), its batch share (after any
     re-split by measured speed) and its loss scale (fp16 ranks);
@@ -23,12 +30,14 @@ after a barrier rank 0 writes the marker and renames the directory to
 
 Resuming needs the same plan and arguments (the marker says which differ)
 and the same world size.  Data needs nothing saved: every step's global
-batch is a function of (seed, step) (``GlobalBatches``).  Plans covered: data
-parallelism (hcomm's, uneven shares, per-device precision) and the DDP
-baseline; ZeRO, pipelines, tensor parallelism and outer sync are refused
-before training, naming the plan (their state is sharded or split: the ZeRO
-shard checkpoint in ``hcomm.parallel.zero.checkpoint`` is the piece to build
-them on).
+batch is a function of (seed, step) (``GlobalBatches``).  The marker keeps the
+plan as it runs when saved: a pipeline cut again for a straggler resumes with
+its new cuts.  Plans covered: data parallelism (hcomm's, uneven shares,
+ZeRO-1/2/3, per-device precision), the DDP baseline and pipelines of ranks
+(any schedule, replicas, per-device precision).  Refused before training,
+naming the plan: tensor parallelism (uneven shards of 2-D weights: not yet
+written), outer sync (each island's anchor and outer momentum: not yet
+written) and torch's ZeRO baselines (ZeroRedundancyOptimizer, FSDP2).
 """
 from __future__ import annotations
 
@@ -49,6 +58,7 @@ HCOMM_TRAIN_FAULT = declare(
     "first attempt only (torchrun's TORCHELASTIC_RESTART_COUNT 0), to rehearse a lost rank")
 
 MARKER = "hcomm_train_checkpoint.json"
+ZERO_DIR = "zero"   # a ZeRO plan's shards, in ``parallel.zero.checkpoint``'s format
 # Arguments that change what training computes: a checkpoint taken under
 # other values cannot continue this run.
 SHAPING_ARGS = ("model", "hf", "seed", "lr", "global_batch", "seq_len", "data", "tokenizer", "vocab", "data_bytes")
@@ -57,9 +67,10 @@ SHAPING_ARGS = ("model", "hf", "seed", "lr", "global_batch", "seq_len", "data", 
 def unsupported(plan) -> Optional[str]:
     """Why ``plan``'s state cannot be checkpointed here, or None."""
     dp = plan.dp_group()
-    what = ("a pipeline" if plan.pipeline_groups() else "tensor parallelism" if plan.tensor_groups() else
-            f"ZeRO-{max(r.zero_stage for r in plan.ranks)}" if any(r.zero_stage for r in plan.ranks) else
+    zero = max(r.zero_stage for r in plan.ranks)
+    what = ("tensor parallelism" if plan.tensor_groups() else
             "FSDP2" if plan.backend == "fsdp2-gloo" else
+            "torch's ZeroRedundancyOptimizer" if zero and plan.backend != "hcomm" else
             f"outer sync every {dp.sync_every} steps" if dp.sync_every > 1 else None)
     if what is None:
         return None
@@ -68,7 +79,7 @@ def unsupported(plan) -> Optional[str]:
 
 def _not_covered(name: str, what: str) -> str:
     return (f"--checkpoint-every: plan '{name}' uses {what}; checkpoints cover data-parallel plans "
-            f"(hcomm or the DDP baseline) in this version")
+            f"(hcomm's, with or without ZeRO, or the DDP baseline) and pipelines in this version")
 
 
 def refused_before_launch(args) -> Optional[str]:
@@ -82,11 +93,12 @@ def refused_before_launch(args) -> Optional[str]:
         return None
     from hcomm.train.plans import parse_entry
 
-    _, pins = parse_entry(args.plan)
+    base, pins = parse_entry(args.plan)
     zero, sync = int(pins.get("zero", args.zero or 0)), int(pins.get("sync_every", args.sync_every))
-    what = ("a pipeline" if int(pins.get("pp", args.pp)) > 1 else
-            "tensor parallelism" if int(pins.get("tp", args.tp)) > 1 else
-            f"ZeRO-{zero}" if zero else f"outer sync every {sync} steps" if sync > 1 else None)
+    baseline = {1: "torch's ZeroRedundancyOptimizer", 2: "FSDP2", 3: "FSDP2"}   # uniform@zero=N
+    what = ("tensor parallelism" if int(pins.get("tp", args.tp)) > 1 else
+            baseline.get(zero) if base == "uniform" and zero else
+            f"outer sync every {sync} steps" if sync > 1 else None)
     if what:
         return _not_covered(args.plan, what)
     newest = _newest(args.checkpoint_dir)
@@ -118,27 +130,48 @@ def _steps(directory: str) -> List[int]:
     return sorted(done)
 
 
+def _held(pm) -> Optional[set]:
+    """Names of the parameters this rank steps when it holds part of the model (a pipeline's stages);
+    None when it steps the whole model.  Every rank keeps a whole model object, but the pieces of other
+    stages hold stale values there: only what a rank steps is its to write."""
+    if pm.pipe is None:
+        return None
+    names = {id(p): n for n, p in pm.model.named_parameters()}
+    return {names[id(p)] for p in pm.pipe.parameters()}
+
+
+# Optimizer state keyed by parameter name, param_groups included ("param_groups.<name>.lr"): ranks that
+# step different parameters (pipeline stages) then write different keys instead of one "param_groups" list
+# each, which DCP would keep from one rank only; and a checkpoint loads into any other cut or plan.
+OPTIONS = dict(flatten_optimizer_state_dict=True)
+
+
 def _state_dicts(pm, optimizer):
-    """DCP's (model, optimizer) state dicts, the optimizer's state created if it has none yet.
+    """DCP's (model, optimizer) state dicts of what this rank steps, keyed by the whole model's parameter
+    names; the optimizer's state created if it has none yet.
 
     torch creates it with a zero-lr step on zero gradients, but only where no
     parameter has a ``.grad``, and then sets them to None; hcomm's gradient
     sync points every ``.grad`` at a view of its bucket from the start, so
     without this the state would stay empty (a resumed AdamW would restart
     its moments) or the views would be lost (gradients left unreduced)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    if optimizer.state:
-        return get_state_dict(pm.model, optimizer)
+    options = StateDictOptions(**OPTIONS)
     params = list(pm.model.parameters())
     grads = [p.grad for p in params]
-    for p in params:
-        p.grad = None
+    if not optimizer.state:
+        for p in params:
+            p.grad = None
     try:
-        return get_state_dict(pm.model, optimizer)
+        model_state, optim_state = get_state_dict(pm.model, optimizer, options=options)
     finally:
         for p, g in zip(params, grads):
             p.grad = g
+    held = _held(pm)
+    if held is not None:   # the optimizer's keys are already only what it steps
+        model_state = {k: v for k, v in model_state.items() if k in held}
+    return model_state, optim_state
 
 
 def save(directory: str, steps_done: int, pm, optimizer, records: List[dict], shape: dict, rank: int,
@@ -152,8 +185,13 @@ def save(directory: str, steps_done: int, pm, optimizer, records: List[dict], sh
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     dist.barrier(group=group)
-    model_state, optim_state = _state_dicts(pm, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp, process_group=group)
+    if pm.zero is not None:   # uneven 1-D shards: each rank writes its own ranges (``parallel.zero.state``)
+        from hcomm.parallel.zero import state as zero_state
+
+        zero_state.save(os.path.join(tmp, ZERO_DIR), pm.zero.engine, optimizer, group=group)
+    else:
+        model_state, optim_state = _state_dicts(pm, optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp, process_group=group)
     mine = {"records": records, "samples": pm.samples,
             "loss_scale": vars(pm.precision.loss_scale) if pm.precision is not None and
             pm.precision.loss_scale is not None else None,
@@ -205,18 +243,28 @@ def latest(directory: str, shape: dict, world: int) -> Optional[Tuple[int, str]]
     return saved["steps_done"], path
 
 
-def load(path: str, pm, optimizer, rank: int, world: int, group) -> List[dict]:
-    """Restore model, optimizer, batch shares and loss scale from ``path``; this rank's records so far."""
+def load(path: str, pm, optimizer, rank: int, world: int, group, rows: bool = True) -> List[dict]:
+    """Restore model, optimizer, batch shares and loss scale from ``path``; this rank's records so far.
+    ``rows``: take the rows the saved run had re-split its batch to (the same plan resuming; False to
+    load the state into another plan, which keeps its own)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    model_state, optim_state = _state_dicts(pm, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=path, process_group=group)
-    set_state_dict(pm.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if pm.zero is not None:
+        from hcomm.parallel.zero import state as zero_state
+
+        zero_state.load(os.path.join(path, ZERO_DIR), pm.zero.engine, optimizer, group=group)
+    else:
+        model_state, optim_state = _state_dicts(pm, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=path, process_group=group)
+        set_state_dict(pm.model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(strict=_held(pm) is None, **OPTIONS))
     per_rank = [torch.load(os.path.join(path, f"rank-{r}.pt"), weights_only=False) for r in range(world)]
     counts = [p["samples"] for p in per_rank]
-    if counts != pm.plan.batch_counts():   # re-split by measured speed before the checkpoint
+    # re-split by measured speed before the checkpoint (a pipeline is cut again instead: its cuts are
+    # in the saved plan, every member of a replica runs the replica's rows)
+    if rows and pm.pipe is None and counts != pm.plan.batch_counts():
         pm.resplit(counts)
     mine = per_rank[rank]
     if pm.precision is not None:

@@ -143,8 +143,8 @@ def train_plan(args, plan, model, groups, train_tokens, eval_tokens, rank: int, 
             # after any re-split of this step: a resumed run starts from the shares it had
             from hcomm.train.checkpoint import fingerprint, save
 
-            path = save(args.checkpoint_dir, step + 1, pm, optimizer, mine, fingerprint(args, plan), rank, world,
-                        groups.default)
+            path = save(args.checkpoint_dir, step + 1, pm, optimizer, mine, fingerprint(args, pm.plan), rank,
+                        world, groups.default)   # the plan as it runs now: a re-cut pipeline resumes re-cut
             if rank == 0:
                 print(f"hcomm train: checkpoint after step {step + 1}: {path}", flush=True)
     for handle in slow_handles:

@@ -112,14 +112,19 @@ def test_pipelines_and_tp_put_more_work_on_the_faster_rank(emulator, tmp_path):
 
 
 def test_a_killed_rank_of_the_other_island_restarts_from_the_checkpoint(emulator, tmp_path):
-    """two-node spec (islands x and y over the emulated uplinks): rank 1, alone on the other island's node,
-    is SIGKILLed as step 3 begins; both nodes' torchruns restart their ranks, which resume from the
-    checkpoint after step 2 and reach the uninterrupted run's losses (same saved plan; within 1e-6)."""
+    """two-node spec (islands x and y over the emulated uplinks), a pipeline across them: rank 1, alone on
+    the other island's node, is SIGKILLed as step 3 begins; both nodes' torchruns restart their ranks,
+    which load the stage each wrote (the checkpoint after step 2) and reach the uninterrupted run's
+    losses (same saved plan; within 1e-6).  The data-parallel restart is tests/train's."""
     spec, plan = os.path.join(HERE, "small.yaml"), tmp_path / "plan.yaml"
     common = ["--cluster", spec, *TINY, "--global-batch", "6", "--steps", "5", "--warmup-steps", "1",
               "--resplit-after", "0", "--straggler-margin", "0"]
-    ref = _train(tmp_path, *common, "--plan", "auto", "--save-plan", str(plan), "--json", str(tmp_path / "ref.json"))
+    ref = _train(tmp_path, *common, "--plan", "auto@pp=2", "--save-plan", str(plan),
+                 "--json", str(tmp_path / "ref.json"))
     assert ref.returncode == 0, ref.stdout[-4000:] + ref.stderr[-3000:]
+    from hcomm.parallel.plan import Plan
+
+    assert [g.ranks for g in Plan.from_yaml(plan.read_text()).pipeline_groups()] in ([[0, 1]], [[1, 0]])
     env_fault = dict(os.environ, HCOMM_TRAIN_FAULT="1:3")
     ckpt = tmp_path / "ckpt"
     out = subprocess.run([sys.executable, "-m", "hcomm", "train", *common, "--plan", str(plan),

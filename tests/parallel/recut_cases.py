@@ -35,10 +35,32 @@ def _local_states(model, pm, optimizer):
             for p in pm.parameters() if p in optimizer.state}
 
 
-def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind: str, move: str = "restage"):
+def _through_checkpoint(ctx, pm, opt, second, make, lr: float, path: str, step: int):
+    """Plan B's model and optimizer from a checkpoint plan A's ranks wrote (``train.checkpoint``): a
+    fresh model, its parameters zeroed first, so only what the files hold can train on."""
+    from hcomm.parallel.parallelize import parallelize
+    from hcomm.train import checkpoint
+
+    checkpoint.save(path, step, pm, opt, [], {}, ctx.rank, ctx.world, pm.groups.default)
+    groups = pm.groups
+    pm.close()
+    model = rt.build()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    fresh = parallelize(model, second, groups)
+    fresh_opt = make(fresh.parameters(), lr)
+    checkpoint.load(f"{path}/step-{step}", fresh, fresh_opt, ctx.rank, ctx.world, groups.default, rows=False)
+    return fresh, fresh_opt
+
+
+def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind: str, move: str = "restage",
+                 path: str = ""):
     """(global loss per step where known else nan, whole model at the end, every moved state equal
     bit for bit, parameter names this rank steps under plan B).  ``move``: "restage" (a pipeline's
-    layers) or "reshard" (a TP split: shards change shape, so only the losses and the model say)."""
+    layers), "checkpoint" (plan A's state saved to ``path``, loaded into plan B on a fresh model: a
+    checkpoint is layout-free), or "reshard" (a TP split: shards change shape, so only the losses and
+    the model say)."""
     from hcomm.parallel.parallelize import parallelize
     from hcomm.parallel.pipeline.restage import restage
     from hcomm.parallel.plan import Plan
@@ -58,12 +80,15 @@ def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind
                 held = [None] * ctx.world
                 dist.all_gather_object(held, _local_states(pm.model, pm, opt))
                 before = {n: s for states in reversed(held) for n, s in states.items()}
-                pm, opt = (restage if move == "restage" else reshard)(pm, opt, second, make, LR[kind])
+                if move == "checkpoint":
+                    pm, opt = _through_checkpoint(ctx, pm, opt, second, make, LR[kind], path, step)
+                else:
+                    pm, opt = (restage if move == "restage" else reshard)(pm, opt, second, make, LR[kind])
                 after = _local_states(pm.model, pm, opt)
                 mine = sorted(n.split("/", 1)[1] for n in after)
                 exact = bool(after) and all(after[n].keys() == before[n].keys() and
                                             all(torch.equal(v, before[n][k]) for k, v in after[n].items())
-                                            for n in after) if move == "restage" else \
+                                            for n in after) if move != "reshard" else \
                     bool(after) and all(after[n].keys() == before[n].keys() for n in after if n in before)
             t = pm.train_step(lambda off, n: data.rows(step, off, n), opt)
             losses.append(t.global_loss)

@@ -1,6 +1,10 @@
 """``hcomm train --checkpoint-every N --max-restarts K``: a lost rank costs the steps since the last checkpoint.
 
-4 local ranks (one torchrun per node, as on the emulator), the tiny model.
+4 local ranks (one torchrun per node, as on the emulator), the tiny model,
+ZeRO-2 over uneven rows (each rank writes its own uneven ranges of the
+parameters and moments; plain data parallelism's and a pipeline's files are
+tests/parallel/test_pipeline_checkpoint.py's, a pipeline's restart across
+islands tests/emulate's).
 A first run trains 6 steps uninterrupted and saves its plan; the second
 trains the same plan with a checkpoint every 2 steps while rank 1 kills
 itself (SIGKILL, HCOMM_TRAIN_FAULT) as step 3 begins: torchrun restarts every
@@ -44,7 +48,8 @@ def _losses(path):
 
 def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tmp_path):
     plan = tmp_path / "plan.yaml"
-    ref = _train(tmp_path, "--plan", "auto", "--dp-shares", "0.25,0.375,0.25,0.125", "--save-plan", str(plan),
+    ref = _train(tmp_path, "--plan", "auto@zero=2", "--dp-shares", "0.25,0.375,0.25,0.125",
+                 "--save-plan", str(plan),
                  "--json", str(tmp_path / "ref.json"))
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     ckpt = tmp_path / "ckpt"
@@ -60,6 +65,7 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tm
     assert got[2] == want[2] == [2, 3, 2, 1]  # the uneven shares survived the restart
     # Only the newest complete checkpoint is kept; no half-written one is left.
     assert sorted(os.listdir(ckpt)) == ["step-4"]
+    assert os.path.isdir(ckpt / "step-4" / "zero")   # the ZeRO shards, each rank's ranges
     # Another run (another lr) pointed at this folder is refused before any rank starts, not resumed.
     other = _train(tmp_path, "--plan", str(plan), "--lr", "0.01", "--checkpoint-every", "2",
                    "--checkpoint-dir", str(ckpt), timeout=60)
@@ -74,15 +80,16 @@ def test_checkpoint_errors_are_named_before_training(tmp_path):
     out = _train(tmp_path, "--plan", "auto,uniform", "--checkpoint-every", "2", timeout=60)
     assert out.returncode == 2
     assert "--checkpoint-every trains one plan and resumes it; --plan lists 2 (auto,uniform)" in out.stderr
-    for extra, what in ((["--plan", "auto", "--zero", "1"], "ZeRO-1"),
-                        (["--plan", "auto@pp=2"], "a pipeline"),
+    for extra, what in ((["--plan", "uniform", "--zero", "1"], "torch's ZeroRedundancyOptimizer"),
+                        (["--plan", "uniform@zero=3"], "FSDP2"),
                         (["--plan", "uniform", "--tp", "2"], "tensor parallelism"),
                         (["--plan", "auto@sync_every=4"], "outer sync every 4 steps")):
         out = _train(tmp_path, *extra, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "z"),
                      timeout=60)
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         assert (f"hcomm train: error: --checkpoint-every: plan '{extra[1]}' uses {what}; checkpoints cover "
-                "data-parallel plans (hcomm or the DDP baseline) in this version") in out.stderr
+                "data-parallel plans (hcomm's, with or without ZeRO, or the DDP baseline) and pipelines in this "
+                "version") in out.stderr
         assert "hcomm train:" not in out.stdout   # no launch line: no rank was started
     assert not (tmp_path / "z").exists()
 

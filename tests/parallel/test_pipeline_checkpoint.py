@@ -1,0 +1,51 @@
+"""A checkpoint of ``hcomm train`` (``train.checkpoint``) is layout-free: written by a pipeline's stages, it
+loads into other cuts, another device order, replicas with other rows, or data parallelism -- and back.
+
+On pools of 3 and 4 ranks (the 9-piece model of test_pipeline_runtime.py), plan A trains 3 steps and
+every rank saves; a fresh model (its parameters zeroed: only the files can train it) is built under
+plan B, loads the checkpoint and trains 3 more.  Every optimizer state a rank steps under plan B
+equals the one plan A's owner had, bit for bit (DCP copies bytes), so the losses and parameters are
+those of one process on the whole batches within test_pipeline_recut.py's bounds (SGD with momentum:
+parameters 2e-5 absolute, losses 1e-5 relative; AdamW: losses 1e-4 relative), which a lost moment
+or a stale piece exceeds by orders of magnitude.
+"""
+from __future__ import annotations
+
+import pytest
+
+from hcomm.parallel.plan import GroupPlan, Plan, RankPlan
+from tests.parallel import recut_cases
+from tests.parallel.test_pipeline_recut import BATCH, ONE_A, ONE_B, STEPS, SWITCH, TWO_A, TWO_B, _check
+
+DP3 = Plan(BATCH, 16, [RankPlan(0, 0.25), RankPlan(1, 0.5), RankPlan(2, 0.25)],
+           [GroupPlan("dp", [0, 1, 2])], name="dp3").validate(3)
+
+
+def _run(pool, a: Plan, b: Plan, kind: str, tmp_path):
+    return pool.run(recut_cases.case_restage, a.to_yaml(), b.to_yaml(), STEPS, SWITCH, kind, "checkpoint",
+                    str(tmp_path / "ckpt"))
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_a_pipeline_checkpoint_loads_into_other_cuts(pool3, kind, tmp_path):
+    results = _run(pool3, ONE_A, ONE_B, kind, tmp_path)
+    _check(results, kind)
+    assert all(n.startswith("blocks.3.") for n in results[2][3])   # plan B's cuts, not plan A's
+    # each parameter written once: the files hold the whole model, not three stale copies
+    import torch.distributed.checkpoint as dcp
+
+    keys = dcp.FileSystemReader(str(tmp_path / "ckpt" / f"step-{SWITCH}")).read_metadata().state_dict_metadata
+    params = [k for k in keys if k.startswith("model.")]
+    assert len(params) == len(set(params)) == len(recut_cases.rt.build().state_dict())
+
+
+def test_replicas_checkpoint_loads_into_other_cuts_and_rows(pool4, tmp_path):
+    _check(_run(pool4, TWO_A, TWO_B, "sgd", tmp_path), "sgd")
+
+
+@pytest.mark.parametrize("a,b", [(ONE_A, DP3), (DP3, ONE_B)], ids=["pipeline-to-dp", "dp-to-pipeline"])
+def test_a_checkpoint_moves_between_a_pipeline_and_data_parallelism(pool3, a, b, tmp_path):
+    results = _run(pool3, a, b, "adamw", tmp_path)
+    _check(results, "adamw")
+    if b is DP3:
+        assert all(len(r[3]) == len(recut_cases.rt.build().state_dict()) for r in results)
