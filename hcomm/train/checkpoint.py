@@ -13,7 +13,10 @@ What a checkpoint holds, written after every N-th step:
     data parallelism they are replicated, and DCP writes each tensor once,
     from one rank; in a pipeline each rank gives what its stages step (stage
     replicas agree, one of them writes), so the files hold every parameter
-    once, whatever the cuts, and load into other cuts as they are;
+    once, whatever the cuts, and load into other cuts as they are; TP
+    groups gather their shards into the whole tensors first and cut what
+    they load (``parallel.tensor.checkpoint``), so the same files serve
+    every layout but ZeRO's;
   * under ZeRO, the same in ``zero/`` (``parallel.zero.state``): each rank
     writes only its uneven ranges of every parameter and moment, and any
     other fractions or ZeRO stage load them;
@@ -29,15 +32,18 @@ after a barrier rank 0 writes the marker and renames the directory to
 ``.tmp`` without a marker, never loaded; the previous checkpoint is whole.
 
 Resuming needs the same plan and arguments (the marker says which differ)
-and the same world size.  Data needs nothing saved: every step's global
+and the same world size; with ``--replan-on-resume`` the plan may differ:
+the run plans again and the state moves into the new plan (``check_movable``
+says which files a plan can read).  Data needs nothing saved: every step's global
 batch is a function of (seed, step) (``GlobalBatches``).  The marker keeps the
 plan as it runs when saved: a pipeline cut again for a straggler resumes with
 its new cuts.  Plans covered: data parallelism (hcomm's, uneven shares,
-ZeRO-1/2/3, per-device precision), the DDP baseline and pipelines of ranks
-(any schedule, replicas, per-device precision).  Refused before training,
-naming the plan: tensor parallelism (uneven shards of 2-D weights: not yet
-written), outer sync (each island's anchor and outer momentum: not yet
-written) and torch's ZeRO baselines (ZeroRedundancyOptimizer, FSDP2).
+ZeRO-1/2/3, per-device precision), the DDP baseline, pipelines of ranks
+(any schedule, replicas, per-device precision) and TP groups (their uneven
+shards through the reference layout, ``parallel.tensor.checkpoint``).
+Refused before training, naming the plan: a pipeline of TP groups and outer
+sync (each island's anchor and outer momentum): not written yet; torch's
+ZeRO baselines (ZeroRedundancyOptimizer, FSDP2).
 """
 from __future__ import annotations
 
@@ -68,7 +74,7 @@ def unsupported(plan) -> Optional[str]:
     """Why ``plan``'s state cannot be checkpointed here, or None."""
     dp = plan.dp_group()
     zero = max(r.zero_stage for r in plan.ranks)
-    what = ("tensor parallelism" if plan.tensor_groups() else
+    what = ("a pipeline of TP groups" if plan.tensor_groups() and plan.pipeline_groups() else
             "FSDP2" if plan.backend == "fsdp2-gloo" else
             "torch's ZeroRedundancyOptimizer" if zero and plan.backend != "hcomm" else
             f"outer sync every {dp.sync_every} steps" if dp.sync_every > 1 else None)
@@ -79,7 +85,7 @@ def unsupported(plan) -> Optional[str]:
 
 def _not_covered(name: str, what: str) -> str:
     return (f"--checkpoint-every: plan '{name}' uses {what}; checkpoints cover data-parallel plans "
-            f"(hcomm's, with or without ZeRO, or the DDP baseline) and pipelines in this version")
+            f"(hcomm's, with or without ZeRO, or the DDP baseline), pipelines and TP groups in this version")
 
 
 def refused_before_launch(args) -> Optional[str]:
@@ -96,7 +102,8 @@ def refused_before_launch(args) -> Optional[str]:
     base, pins = parse_entry(args.plan)
     zero, sync = int(pins.get("zero", args.zero or 0)), int(pins.get("sync_every", args.sync_every))
     baseline = {1: "torch's ZeroRedundancyOptimizer", 2: "FSDP2", 3: "FSDP2"}   # uniform@zero=N
-    what = ("tensor parallelism" if int(pins.get("tp", args.tp)) > 1 else
+    tp, pp = int(pins.get("tp", args.tp)), int(pins.get("pp", args.pp))
+    what = ("a pipeline of TP groups" if tp > 1 and pp > 1 else
             baseline.get(zero) if base == "uniform" and zero else
             f"outer sync every {sync} steps" if sync > 1 else None)
     if what:
@@ -138,6 +145,18 @@ def _held(pm) -> Optional[set]:
         return None
     names = {id(p): n for n, p in pm.model.named_parameters()}
     return {names[id(p)] for p in pm.pipe.parameters()}
+
+
+def _tensor(pm) -> bool:
+    """TP groups without a pipeline: this rank holds uneven shards of the reference tensors."""
+    return bool(pm.plan.tensor_groups()) and pm.pipe is None
+
+
+def _tensor_state_dicts(pm, optimizer):
+    """The whole model's state from the TP group's shards (``tensor.checkpoint``), on every member."""
+    from hcomm.parallel.tensor import checkpoint as tensor_checkpoint
+
+    return tensor_checkpoint.state_dicts(pm.model, optimizer)
 
 
 # Optimizer state keyed by parameter name, param_groups included ("param_groups.<name>.lr"): ranks that
@@ -190,9 +209,11 @@ def save(directory: str, steps_done: int, pm, optimizer, records: List[dict], sh
 
         zero_state.save(os.path.join(tmp, ZERO_DIR), pm.zero.engine, optimizer, group=group)
     else:
-        model_state, optim_state = _state_dicts(pm, optimizer)
+        model_state, optim_state = _tensor_state_dicts(pm, optimizer) if _tensor(pm) else _state_dicts(pm, optimizer)
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp, process_group=group)
-    mine = {"records": records, "samples": pm.samples,
+    # rows by the plan's convention: a TP group's or a pipeline replica's on its first rank, 0 on the others
+    rows = pm.samples if pm.plan.rows_leader(rank) == rank else 0
+    mine = {"records": records, "samples": rows,
             "loss_scale": vars(pm.precision.loss_scale) if pm.precision is not None and
             pm.precision.loss_scale is not None else None,
             "skipped_steps": pm.precision.skipped_steps if pm.precision is not None else 0}
@@ -228,6 +249,24 @@ def saved_plan(directory: str) -> Optional[str]:
     return newest[1]["plan"] if newest else None
 
 
+def _zero(plan) -> bool:
+    return plan.backend == "hcomm" and any(r.zero_stage for r in plan.ranks)
+
+
+def check_movable(saved_yaml: str, plan, path: str) -> str:
+    """The saved plan's name, or ValueError when its files cannot load into ``plan`` (``--replan-on-resume``):
+    ZeRO's uneven 1-D shards load into any ZeRO plan, the name-keyed files into any other kind."""
+    from hcomm.parallel.plan import Plan
+
+    saved = Plan.from_yaml(saved_yaml)
+    if _zero(saved) != _zero(plan):
+        has, new = ("ZeRO shards", "is not ZeRO") if _zero(saved) else ("whole tensors by name", "is ZeRO")
+        raise ValueError(f"--replan-on-resume: {path} holds {has} (plan '{saved.name}') and the new plan "
+                         f"'{plan.name}' {new}: pin the kind in --plan (say auto@zero=1, or auto) or resume the "
+                         f"saved plan without --replan-on-resume")
+    return saved.name
+
+
 def latest(directory: str, shape: dict, world: int) -> Optional[Tuple[int, str]]:
     """(steps done, path) of the newest complete checkpoint, or None; ValueError if it belongs to another run."""
     newest = _newest(directory)
@@ -254,6 +293,10 @@ def load(path: str, pm, optimizer, rank: int, world: int, group, rows: bool = Tr
         from hcomm.parallel.zero import state as zero_state
 
         zero_state.load(os.path.join(path, ZERO_DIR), pm.zero.engine, optimizer, group=group)
+    elif _tensor(pm):
+        from hcomm.parallel.tensor import checkpoint as tensor_checkpoint
+
+        tensor_checkpoint.load(path, pm.model, optimizer, group)
     else:
         model_state, optim_state = _state_dicts(pm, optimizer)
         state = {"model": model_state, "optimizer": optim_state}

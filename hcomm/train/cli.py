@@ -93,9 +93,14 @@ def parse(argv: List[str], prog: str = "hcomm train") -> argparse.Namespace:
     p.add_argument("--local", action="store_true", help="unshaped local ranks, no emulated cluster")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="save a checkpoint every N steps into --checkpoint-dir, and resume from its newest one "
-                        "when started again (one plan; data-parallel plans)")
+                        "when started again (one plan: data parallelism with or without ZeRO, a pipeline, "
+                        "TP groups)")
     p.add_argument("--checkpoint-dir", default="hcomm-checkpoints",
                    help="folder of the checkpoints, on a file system every rank sees (default %(default)s)")
+    p.add_argument("--replan-on-resume", action="store_true",
+                   help="when resuming, plan again for the cluster as measured now (a replaced node of another "
+                        "kind, another speed) and move the saved state into the new plan, instead of training "
+                        "the saved plan (same world size; ZeRO's checkpoints into ZeRO plans)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart every rank up to N times when one fails (torchrun's elastic restarts; with "
                         "--checkpoint-every the job continues from the last checkpoint)")
@@ -152,6 +157,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"{args.sync_every}")
     if args.checkpoint_every < 0:
         p.error(f"--checkpoint-every must be >= 0 (0 = never), got {args.checkpoint_every}")
+    if args.replan_on_resume and not args.checkpoint_every:
+        p.error("--replan-on-resume moves a checkpoint's state into a new plan; give --checkpoint-every N")
     if args.checkpoint_every and "," in args.plan:
         p.error(f"--checkpoint-every trains one plan and resumes it; --plan lists {len(args.plan.split(','))} "
                 f"({args.plan})")

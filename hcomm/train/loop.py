@@ -187,14 +187,24 @@ def _resume(args, plan, pm, optimizer, mine: List[dict], group, rank: int, world
         raise ValueError(why)
     from hcomm.train.worker import _on_rank0   # rank 0 decides; its ValueError is raised on every rank
 
-    found = _on_rank0(lambda: latest(args.checkpoint_dir, fingerprint(args, plan), world), rank)
+    replan = getattr(args, "replan_on_resume", False)
+    shape = fingerprint(args, plan)
+    if replan:   # the state moves into whatever plan this start made
+        shape.pop("plan")
+    found = _on_rank0(lambda: latest(args.checkpoint_dir, shape, world), rank)
     if found is None:
         return 0, every
     steps_done, path = found
-    mine.extend(load(path, pm, optimizer, rank, world, group))
+    moved = ""
+    if replan:
+        from hcomm.train.checkpoint import check_movable, saved_plan
+
+        saved = _on_rank0(lambda: check_movable(saved_plan(args.checkpoint_dir), plan, path), rank)
+        moved = f" (saved under plan '{saved}', moved into plan '{plan.name}')"
+    mine.extend(load(path, pm, optimizer, rank, world, group, rows=not replan))
     if rank == 0:
         print(f"hcomm train: resumed from {path}: steps 1-{steps_done} done, continuing at step "
-              f"{steps_done + 1} of {args.steps}", flush=True)
+              f"{steps_done + 1} of {args.steps}{moved}", flush=True)
     return steps_done, every
 
 

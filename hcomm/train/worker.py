@@ -216,8 +216,9 @@ def settle_trials(args, plans: List, vocab_size: int, groups, train_tokens, rank
 
 def resumed_plan(args, rank: int, world: int):
     """The plan of the newest checkpoint when resuming (--checkpoint-every): the run continues with the
-    plan it was saved under, not a new one (a new profile or trial could choose another)."""
-    if not args.checkpoint_every:
+    plan it was saved under, not a new one (a new profile or trial could choose another); with
+    ``--replan-on-resume`` None: plan again, and the state moves into the new plan (``loop._resume``)."""
+    if not args.checkpoint_every or getattr(args, "replan_on_resume", False):
         return None
     from hcomm.parallel.plan import Plan
     from hcomm.train.checkpoint import saved_plan

@@ -66,6 +66,17 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tm
     # Only the newest complete checkpoint is kept; no half-written one is left.
     assert sorted(os.listdir(ckpt)) == ["step-4"]
     assert os.path.isdir(ckpt / "step-4" / "zero")   # the ZeRO shards, each rank's ranges
+    # Started again with --replan-on-resume: planned anew (ZeRO-1, shares by speed), the saved shards moved
+    # into it, steps 5-6 trained: the uninterrupted run's losses within the bound of two plans that sum in
+    # other orders (fp32: 1e-4 relative, as the plans' reference tests).
+    moved = _train(tmp_path, "--plan", "auto@zero=1", "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt),
+                   "--replan-on-resume", "--json", str(tmp_path / "moved.json"))
+    text = moved.stdout + moved.stderr
+    assert moved.returncode == 0, text[-4000:]
+    assert (f"resumed from {ckpt}/step-4: steps 1-4 done, continuing at step 5 of 6 (saved under plan "
+            "'auto@zero=2', moved into plan 'auto@zero=1')") in text
+    got = _losses(tmp_path / "moved.json")
+    assert got[0] == pytest.approx(want[0], rel=1e-4) and got[1] == pytest.approx(want[1], rel=1e-4), (got, want)
     # Another run (another lr) pointed at this folder is refused before any rank starts, not resumed.
     other = _train(tmp_path, "--plan", str(plan), "--lr", "0.01", "--checkpoint-every", "2",
                    "--checkpoint-dir", str(ckpt), timeout=60)
@@ -82,16 +93,38 @@ def test_checkpoint_errors_are_named_before_training(tmp_path):
     assert "--checkpoint-every trains one plan and resumes it; --plan lists 2 (auto,uniform)" in out.stderr
     for extra, what in ((["--plan", "uniform", "--zero", "1"], "torch's ZeroRedundancyOptimizer"),
                         (["--plan", "uniform@zero=3"], "FSDP2"),
-                        (["--plan", "uniform", "--tp", "2"], "tensor parallelism"),
+                        (["--plan", "auto@pp=2@tp=2"], "a pipeline of TP groups"),
                         (["--plan", "auto@sync_every=4"], "outer sync every 4 steps")):
         out = _train(tmp_path, *extra, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "z"),
                      timeout=60)
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         assert (f"hcomm train: error: --checkpoint-every: plan '{extra[1]}' uses {what}; checkpoints cover "
-                "data-parallel plans (hcomm's, with or without ZeRO, or the DDP baseline) and pipelines in this "
-                "version") in out.stderr
+                "data-parallel plans (hcomm's, with or without ZeRO, or the DDP baseline), pipelines and TP groups "
+                "in this version") in out.stderr
         assert "hcomm train:" not in out.stdout   # no launch line: no rank was started
     assert not (tmp_path / "z").exists()
+    out = _train(tmp_path, "--plan", "auto", "--replan-on-resume", timeout=60)
+    assert out.returncode == 2
+    assert "--replan-on-resume moves a checkpoint's state into a new plan; give --checkpoint-every N" in out.stderr
+
+
+def test_replan_on_resume_refuses_files_the_new_plan_cannot_read():
+    """ZeRO's uneven 1-D shards load into ZeRO plans, the name-keyed files into every other kind."""
+    from hcomm.parallel.plan import Plan
+    from hcomm.train.checkpoint import check_movable
+
+    dp = Plan.uniform(2, 4, 8)
+    dp.backend, dp.name = "hcomm", "dp"
+    zero = Plan.from_yaml(dp.to_yaml())
+    zero.name = "z"
+    for r in zero.ranks:
+        r.zero_stage = 2
+    assert check_movable(dp.to_yaml(), dp, "p") == "dp" and check_movable(zero.to_yaml(), zero, "p") == "z"
+    with pytest.raises(ValueError, match=r"--replan-on-resume: p holds ZeRO shards \(plan 'z'\) and the new plan "
+                                         r"'dp' is not ZeRO: pin the kind in --plan"):
+        check_movable(zero.to_yaml(), dp, "p")
+    with pytest.raises(ValueError, match=r"p holds whole tensors by name \(plan 'dp'\) and the new plan 'z' is ZeRO"):
+        check_movable(dp.to_yaml(), zero, "p")
 
 
 def test_rank_zero_refuses_a_checkpoint_of_another_plan_or_world_size(tmp_path):

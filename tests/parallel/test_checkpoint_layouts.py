@@ -1,10 +1,13 @@
 """A checkpoint of ``hcomm train`` (``train.checkpoint``) is layout-free: written by a pipeline's stages, it
-loads into other cuts, another device order, replicas with other rows, or data parallelism -- and back.
+loads into other cuts, another device order, replicas with other rows, or data parallelism -- and back;
+written by TP groups (through the reference layout, ``tensor.checkpoint``), into other fractions and
+member orders, or data parallelism -- and back.
 
 On pools of 3 and 4 ranks (the 9-piece model of test_pipeline_runtime.py), plan A trains 3 steps and
 every rank saves; a fresh model (its parameters zeroed: only the files can train it) is built under
 plan B, loads the checkpoint and trains 3 more.  Every optimizer state a rank steps under plan B
-equals the one plan A's owner had, bit for bit (DCP copies bytes), so the losses and parameters are
+equals the one plan A's owner had, bit for bit (DCP copies bytes; where either plan has TP shards the
+shapes differ and the names are checked), so the losses and parameters are
 those of one process on the whole batches within test_pipeline_recut.py's bounds (SGD with momentum:
 parameters 2e-5 absolute, losses 1e-5 relative; AdamW: losses 1e-4 relative), which a lost moment
 or a stale piece exceeds by orders of magnitude.
@@ -16,9 +19,12 @@ import pytest
 from hcomm.parallel.plan import GroupPlan, Plan, RankPlan
 from tests.parallel import recut_cases
 from tests.parallel.test_pipeline_recut import BATCH, ONE_A, ONE_B, STEPS, SWITCH, TWO_A, TWO_B, _check
+from tests.parallel.test_tensor_reshard import A as TP_A, B as TP_B
 
 DP3 = Plan(BATCH, 16, [RankPlan(0, 0.25), RankPlan(1, 0.5), RankPlan(2, 0.25)],
            [GroupPlan("dp", [0, 1, 2])], name="dp3").validate(3)
+DP4 = Plan(BATCH, 16, [RankPlan(0, 0.125), RankPlan(1, 0.375), RankPlan(2, 0.25), RankPlan(3, 0.25)],
+           [GroupPlan("dp", [0, 1, 2, 3])], name="dp4").validate(4)
 
 
 def _run(pool, a: Plan, b: Plan, kind: str, tmp_path):
@@ -49,3 +55,13 @@ def test_a_checkpoint_moves_between_a_pipeline_and_data_parallelism(pool3, a, b,
     _check(results, "adamw")
     if b is DP3:
         assert all(len(r[3]) == len(recut_cases.rt.build().state_dict()) for r in results)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_a_tp_checkpoint_loads_into_other_fractions_and_member_order(pool4, kind, tmp_path):
+    _check(_run(pool4, TP_A, TP_B, kind, tmp_path), kind)
+
+
+@pytest.mark.parametrize("a,b", [(TP_A, DP4), (DP4, TP_B)], ids=["tp-to-dp", "dp-to-tp"])
+def test_a_checkpoint_moves_between_tp_groups_and_data_parallelism(pool4, a, b, tmp_path):
+    _check(_run(pool4, a, b, "adamw", tmp_path), "adamw")
