@@ -64,15 +64,36 @@ def test_data_parallel_by_hand():
 
 def test_buckets_beside_backward_pay_the_measured_slowdown_by_hand():
     """The same 3 + 1 samples in 1 MiB buckets (one per piece, ready as rank 0's backward passes it: 0.84,
-    0.90, 1.50, 2.10, 2.16 s), each all-reduce 0.2 s alone and 3x slower while backward runs (until 2.16 s):
-    0.84-1.44, 1.44-2.04, then 2.04-2.16 does 0.04 s of the third one's work and the rest 0.16 s runs
-    alone (2.32), then 2.52 and 2.72; + optimizer.  Without the slowdown the buckets end at 2.50."""
+    0.90, 1.50, 2.10, 2.16 s), each all-reduce 0.2 s alone.  Without a slowdown the buckets end at 2.50.
+
+    Measured 3x slower beside every rank's computation; rank 1 (one sample) is done at 0.72 s, before the
+    first bucket, so from then only rank 0 presses on the CPU.  Equal weights (no shares measured): 1 +
+    (3 - 1) / 2 = 2x until rank 0 ends at 2.16 s: 0.84-1.24, 1.24-1.64, 1.64-2.04, then the fourth from
+    2.10 does 0.03 s of its work by 2.16 and the rest alone (2.33), the fifth 2.53.  Rank 0 holding 3/4
+    of the measured shares: 2.5x, 0.84-1.34, 1.34-1.84, then 1.84-2.16 does 0.128 s of the third, the
+    rest alone (2.232), 2.432, 2.632.  + optimizer."""
     v = view([1.0, 1.0])
     v.allreduce_s = lambda nbytes: 0.2
     plan = Plan.from_shares([0.75, 0.25], 4, SEQ, bucket_bytes=MiB)
     assert simulate(plan, v, dim=DIM).step_s == pytest.approx(2.50 + 0.01)
     v.overlap_slowdown = 3.0
-    assert simulate(plan, v, dim=DIM).step_s == pytest.approx(2.72 + 0.01)
+    assert simulate(plan, v, dim=DIM).step_s == pytest.approx(2.53 + 0.01)
+    v.cpu_share = [0.75, 0.25]
+    assert simulate(plan, v, dim=DIM).step_s == pytest.approx(2.632 + 0.01)
+
+
+def test_the_slowdown_beside_computation_follows_the_ranks_still_computing():
+    """``cost.slowdown_phases``: per rank's end, the slowdown scaled by the weight still computing (a rank
+    with nothing to compute never counts); ``cost.beside_phases`` walks them."""
+    from hcomm.parallel.planner.cost import beside_phases, slowdown_phases
+
+    # ranks end at 0.5, 0 (no samples), 1.0, 1.0 with weights 1, 1, 2, 0 of 4: 3 of 4 compute to 0.5, 2 to 1.0
+    assert slowdown_phases([0.5, 0.0, 1.0, 1.0], 3.0, [1, 1, 2, 0]) == [(0.5, 2.5), (1.0, 2.0)]
+    assert slowdown_phases([0.5, 1.0], 1.0) == [] and slowdown_phases([0.5, 1.0], 3.0) == [(0.5, 3.0), (1.0, 2.0)]
+    # 0.2 s of work from 0: 0.1 s at 3x does 1/30, 0.2 s at 2x does 0.1, the last 1/15 alone: ends at 0.3667
+    assert beside_phases(0.2, 0.0, [(0.1, 3.0), (0.3, 2.0)]) == pytest.approx(0.3 + 0.2 - 0.1 / 3 - 0.1)
+    assert beside_phases(0.2, 0.4, [(0.1, 3.0), (0.3, 2.0)]) == pytest.approx(0.2)   # after: alone
+    assert beside_phases(0.03, 0.0, [(0.1, 3.0)]) == pytest.approx(0.09)               # inside one phase
 
 
 @pytest.mark.parametrize("slowdown", [1.0, 2.5])

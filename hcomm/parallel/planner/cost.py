@@ -18,7 +18,9 @@ out one after another (one stream per group, as hcomm's executor runs them):
 
 so a bucket size trades latency per bucket (many small ones) against
 overlap (one big one waits for the whole backward).  A rank with no samples
-is ready at once.
+is ready at once.  A bucket reduced while ranks still compute runs slower
+(the measured slowdown beside computation), by as much of it as the ranks
+still computing press on the CPU (``slowdown_phases``).
 """
 from __future__ import annotations
 
@@ -107,12 +109,46 @@ def rank_compute(profile, samples: int, micro_batch: int) -> Tuple[float, List[f
 def beside_compute(t: float, start: float, compute_end: float, slowdown: float) -> float:
     """Seconds a collective of ``t`` seconds alone takes when it starts at ``start`` and the computation
     beside it ends at ``compute_end``: ``slowdown`` times slower until then, at full speed after."""
-    if slowdown <= 1.0 or start >= compute_end:
-        return t
-    if start + t * slowdown <= compute_end:
-        return t * slowdown
-    overlapped = compute_end - start
-    return overlapped + (t - overlapped / slowdown)
+    return beside_phases(t, start, [(compute_end, slowdown)])
+
+
+def beside_phases(t: float, start: float, phases: Sequence[Tuple[float, float]]) -> float:
+    """``beside_compute`` with a slowdown that changes as ranks finish computing: ``phases`` are (until,
+    slowdown) in time order, full speed after the last."""
+    now, left = start, t
+    for until, slowdown in phases:
+        if now >= until:
+            continue
+        slowdown = max(1.0, slowdown)
+        span = until - now
+        if left * slowdown <= span:
+            return now + left * slowdown - start
+        left -= span / slowdown
+        now = until
+    return now + left - start
+
+
+def slowdown_phases(compute: Sequence[float], slowdown: float,
+                    weights: Optional[Sequence[float]] = None) -> List[Tuple[float, float]]:
+    """(until, slowdown) while the ranks compute: the measured slowdown of collectives beside computation
+    (every rank computing: ``calibration.overlap_slowdown``) scaled by the share of ``weights`` (each
+    rank's fraction of a core, ``ClusterView.cpu_share``; equal when not measured) still computing.
+
+    Where communication is slowed by the computation's demand on the CPU (an emulated rank's quota, a
+    host-staged transfer on a busy host), ranks that have finished their backward no longer press on it.
+    Measured on ``mixed``, equal batches (the A100s done at ~0.8 s, the V100s at ~1.65 s): 106-130 ms of
+    the sync exposed, where the full slowdown to the V100s' end predicted 449 ms; with data parallelism
+    by speed (every rank computing to the end) 530-543 ms against 619."""
+    if slowdown <= 1.0 or not compute:
+        return []
+    w = list(weights) if weights else [1.0] * len(compute)
+    total = sum(w) or 1.0
+    computing, phases = total, []
+    for r in sorted(range(len(compute)), key=lambda r: compute[r]):
+        if compute[r] > (phases[-1][0] if phases else 0.0):
+            phases.append((compute[r], 1.0 + (slowdown - 1.0) * computing / total))
+        computing -= w[r]
+    return phases
 
 
 def group_allreduce_s(view, ranks: Sequence[int], nbytes: int, spanning: Optional[AllReduceTime] = None,
@@ -187,8 +223,10 @@ def side_by_side_allreduce_s(view, jobs: Sequence[Tuple[Sequence[int], int]],
 
 def dp_step(profiles: Sequence, counts: Sequence[int], bucket_bytes: int, allreduce_s: AllReduceTime, *,
             micro_batches: Optional[Sequence[int]] = None, optimizer_s: float = 0.0,
-            outer_every: int = 1, outer_s: float = 0.0, overlap_slowdown: float = 1.0) -> StepEstimate:
-    """Predicted seconds of one data-parallel step (see the module docstring)."""
+            outer_every: int = 1, outer_s: float = 0.0, overlap_slowdown: float = 1.0,
+            compute_weights: Optional[Sequence[float]] = None) -> StepEstimate:
+    """Predicted seconds of one data-parallel step (see the module docstring); ``compute_weights``: each
+    rank's weight in the slowdown beside computation while it computes (``slowdown_phases``)."""
     if len(profiles) != len(counts):
         raise ValueError(f"{len(profiles)} profiles for {len(counts)} ranks")
     micro = list(micro_batches or [0] * len(counts))
@@ -210,6 +248,7 @@ def dp_step(profiles: Sequence, counts: Sequence[int], bucket_bytes: int, allred
     end = 0.0
     comm_total = 0.0
     slowest = max(compute)
+    phases = slowdown_phases(compute, overlap_slowdown, compute_weights)
     for nbytes, piece in buckets:
         ready = ready_at[piece]
         t = seconds.get(nbytes)
@@ -217,7 +256,7 @@ def dp_step(profiles: Sequence, counts: Sequence[int], bucket_bytes: int, allred
             t = seconds[nbytes] = allreduce_s(nbytes)
         comm_total += t
         start = max(ready, end)
-        end = start + beside_compute(t, start, slowest, overlap_slowdown)
+        end = start + beside_phases(t, start, phases)
 
     amortised_outer = outer_s / outer_every if outer_every > 1 else 0.0
     step = max(slowest, end) + optimizer_s + amortised_outer

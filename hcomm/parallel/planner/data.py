@@ -137,7 +137,8 @@ def _estimate(view: ClusterView, counts, bucket_bytes, micro, sync_every: int, c
               outer_overlap: bool = False):
     if sync_every <= 1:
         return cost.dp_step(view.profiles, counts, bucket_bytes, view.allreduce(compression), micro_batches=micro,
-                            optimizer_s=max(view.optimizer_s), overlap_slowdown=view.overlap_slowdown)
+                            optimizer_s=max(view.optimizer_s), overlap_slowdown=view.overlap_slowdown,
+                            compute_weights=view.cpu_share or None)
     # Islands step on their own between outer syncs: the slowest island sets the pace, and the
     # outer all-reduce of the parameters crosses the weak tier once every H steps.
     per_island = []
