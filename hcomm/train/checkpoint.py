@@ -39,11 +39,11 @@ batch is a function of (seed, step) (``GlobalBatches``).  The marker keeps the
 plan as it runs when saved: a pipeline cut again for a straggler resumes with
 its new cuts.  Plans covered: data parallelism (hcomm's, uneven shares,
 ZeRO-1/2/3, per-device precision), the DDP baseline, pipelines of ranks
-(any schedule, replicas, per-device precision) and TP groups (their uneven
-shards through the reference layout, ``parallel.tensor.checkpoint``).
-Refused before training, naming the plan: a pipeline of TP groups and outer
-sync (each island's anchor and outer momentum): not written yet; torch's
-ZeRO baselines (ZeroRedundancyOptimizer, FSDP2).
+(any schedule, replicas, per-device precision), TP groups and pipelines of
+them (their uneven shards through the reference layout,
+``parallel.tensor.checkpoint``).  Refused before training, naming the plan:
+outer sync (each island's anchor and outer momentum: not written yet) and
+torch's ZeRO baselines (ZeroRedundancyOptimizer, FSDP2).
 """
 from __future__ import annotations
 
@@ -74,8 +74,7 @@ def unsupported(plan) -> Optional[str]:
     """Why ``plan``'s state cannot be checkpointed here, or None."""
     dp = plan.dp_group()
     zero = max(r.zero_stage for r in plan.ranks)
-    what = ("a pipeline of TP groups" if plan.tensor_groups() and plan.pipeline_groups() else
-            "FSDP2" if plan.backend == "fsdp2-gloo" else
+    what = ("FSDP2" if plan.backend == "fsdp2-gloo" else
             "torch's ZeroRedundancyOptimizer" if zero and plan.backend != "hcomm" else
             f"outer sync every {dp.sync_every} steps" if dp.sync_every > 1 else None)
     if what is None:
@@ -102,9 +101,7 @@ def refused_before_launch(args) -> Optional[str]:
     base, pins = parse_entry(args.plan)
     zero, sync = int(pins.get("zero", args.zero or 0)), int(pins.get("sync_every", args.sync_every))
     baseline = {1: "torch's ZeroRedundancyOptimizer", 2: "FSDP2", 3: "FSDP2"}   # uniform@zero=N
-    tp, pp = int(pins.get("tp", args.tp)), int(pins.get("pp", args.pp))
-    what = ("a pipeline of TP groups" if tp > 1 and pp > 1 else
-            baseline.get(zero) if base == "uniform" and zero else
+    what = (baseline.get(zero) if base == "uniform" and zero else
             f"outer sync every {sync} steps" if sync > 1 else None)
     if what:
         return _not_covered(args.plan, what)
@@ -148,8 +145,8 @@ def _held(pm) -> Optional[set]:
 
 
 def _tensor(pm) -> bool:
-    """TP groups without a pipeline: this rank holds uneven shards of the reference tensors."""
-    return bool(pm.plan.tensor_groups()) and pm.pipe is None
+    """TP groups (alone or as pipeline stages): this rank holds uneven shards of the reference tensors."""
+    return bool(pm.plan.tensor_groups())
 
 
 def _tensor_state_dicts(pm, optimizer):

@@ -1,7 +1,7 @@
 """A checkpoint of ``hcomm train`` (``train.checkpoint``) is layout-free: written by a pipeline's stages, it
 loads into other cuts, another device order, replicas with other rows, or data parallelism -- and back;
-written by TP groups (through the reference layout, ``tensor.checkpoint``), into other fractions and
-member orders, or data parallelism -- and back.
+written by TP groups, alone or as pipeline stages (through the reference layout, ``tensor.checkpoint``),
+into other fractions and member orders, or data parallelism -- and back.
 
 On pools of 3 and 4 ranks (the 9-piece model of test_pipeline_runtime.py), plan A trains 3 steps and
 every rank saves; a fresh model (its parameters zeroed: only the files can train it) is built under
@@ -23,6 +23,14 @@ from tests.parallel.test_tensor_reshard import A as TP_A, B as TP_B
 
 DP3 = Plan(BATCH, 16, [RankPlan(0, 0.25), RankPlan(1, 0.5), RankPlan(2, 0.25)],
            [GroupPlan("dp", [0, 1, 2])], name="dp3").validate(3)
+# stage 0 = TP group [0, 1] (0.6 / 0.4) on pieces [0, 4), stage 1 = TP group [2, 3] (0.5 / 0.5) on [4, 9)
+PPTP = Plan(BATCH, 16, [RankPlan(0, 1.0, stage=0, layers=(0, 4), tp_group=0, tp_fraction=0.6),
+                        RankPlan(1, 0.0, stage=0, layers=(0, 4), tp_group=0, tp_fraction=0.4),
+                        RankPlan(2, 0.0, stage=1, layers=(4, 9), tp_group=1, tp_fraction=0.5),
+                        RankPlan(3, 0.0, stage=1, layers=(4, 9), tp_group=1, tp_fraction=0.5)],
+            [GroupPlan("dp", [0, 1, 2, 3]), GroupPlan("tp:0", [0, 1]), GroupPlan("tp:1", [2, 3]),
+             GroupPlan("pp:0", [0, 2], micro_batches=2, cuts=[0, 4, 9]),
+             GroupPlan("pp:1", [1, 3], micro_batches=2, cuts=[0, 4, 9])], name="pptp").validate(4)
 DP4 = Plan(BATCH, 16, [RankPlan(0, 0.125), RankPlan(1, 0.375), RankPlan(2, 0.25), RankPlan(3, 0.25)],
            [GroupPlan("dp", [0, 1, 2, 3])], name="dp4").validate(4)
 
@@ -62,6 +70,7 @@ def test_a_tp_checkpoint_loads_into_other_fractions_and_member_order(pool4, kind
     _check(_run(pool4, TP_A, TP_B, kind, tmp_path), kind)
 
 
-@pytest.mark.parametrize("a,b", [(TP_A, DP4), (DP4, TP_B)], ids=["tp-to-dp", "dp-to-tp"])
+@pytest.mark.parametrize("a,b", [(TP_A, DP4), (DP4, TP_B), (PPTP, DP4), (TP_A, PPTP)],
+                         ids=["tp-to-dp", "dp-to-tp", "pipeline-of-tp-to-dp", "tp-to-pipeline-of-tp"])
 def test_a_checkpoint_moves_between_tp_groups_and_data_parallelism(pool4, a, b, tmp_path):
     _check(_run(pool4, a, b, "adamw", tmp_path), "adamw")

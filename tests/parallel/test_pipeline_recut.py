@@ -300,10 +300,12 @@ def test_hcomm_train_recuts_a_pipeline_when_a_rank_turns_slow(tmp_path):
     recut = run["replans"][0]
     assert recut["drifted"] == [1] and recut["after_steps"] == 7, recut
     if recut["what"] == "kept":
-        # profiled on a loaded box (seen once in a full CI run) the first plan can already give rank 1 the
-        # least there is, one piece of one row: then no option beats keeping the cuts
-        keep = next(o["step_ms"] for o in recut["options"] if o["what"] == "keep the cuts")
-        assert piece_rows(recut["from"], 1) == 1 and min(o["step_ms"] for o in recut["options"]) >= keep, recut
+        # profiled on a loaded box the first plan can already give rank 1 the least there is (one piece of
+        # one row), or be so lopsided that no move pays for itself in the 3 steps left (a full local run,
+        # 2026-12-07: rank 1 held the embedding alone with 7 rows, the other replica 1 row): then keeping
+        # must be the cheapest option the weighing saw, its move included
+        totals = {o["what"]: o["step_ms"] / 1e3 * 3 + o["move_s"] for o in recut["options"]}   # 3 steps left
+        assert totals["keep the cuts"] == pytest.approx(min(totals.values())), recut
     else:
         assert recut["what"] == "re-cut" and piece_rows(recut["to"], 1) < piece_rows(recut["from"], 1), recut
     # the pipeline of TP groups: rank 1's own work drifted (its partner's waits for it are left out).  On

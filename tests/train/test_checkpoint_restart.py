@@ -93,7 +93,6 @@ def test_checkpoint_errors_are_named_before_training(tmp_path):
     assert "--checkpoint-every trains one plan and resumes it; --plan lists 2 (auto,uniform)" in out.stderr
     for extra, what in ((["--plan", "uniform", "--zero", "1"], "torch's ZeroRedundancyOptimizer"),
                         (["--plan", "uniform@zero=3"], "FSDP2"),
-                        (["--plan", "auto@pp=2@tp=2"], "a pipeline of TP groups"),
                         (["--plan", "auto@sync_every=4"], "outer sync every 4 steps")):
         out = _train(tmp_path, *extra, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "z"),
                      timeout=60)

@@ -7,7 +7,8 @@ other cut.  A TP rank holds uneven shards of 2-D weights, which DCP cannot descr
 tensor (its DTensor path takes offsets from an even split; the ZeRO format is 1-D ranges).  So the
 shards go through the reference layout, as a re-shard does (``tensor.reshard``): each TP group gathers
 its members' shards, every member holds the whole parameters and moments, and DCP writes each
-tensor once; loading reads the whole tensors on every rank and cuts them as this rank's shard is cut.
+tensor once (a pipeline of TP groups: the pieces of its stage); loading reads the whole tensors on
+every rank and cuts them as this rank's shard is cut.
 
 Memory: for the moment of a save or a load a rank holds the whole model's parameters and moments
 (3x the reference model with AdamW), as a re-shard does -- the price of not describing uneven 2-D
@@ -35,13 +36,15 @@ def _reference_names(config) -> List[Dict[str, str]]:
 
 
 def state_dicts(tp_model: nn.Module, optimizer) -> Tuple[dict, dict]:
-    """(model, flattened optimizer) state dicts of the whole reference model, on every rank of the TP
-    group (collective over the group)."""
+    """(model, flattened optimizer) state dicts of the pieces this TP group steps -- the whole reference
+    model, or a pipeline stage's pieces (the others are stale copies) -- on every rank of the group
+    (collective over the group)."""
     from hcomm.models.llama import layer_modules
 
     joined = gather_whole(tp_model, optimizer)
     names = _reference_names(tp_model.config)
     group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    stepped = [any(id(p) in group_of for p in piece.parameters()) for piece in layer_modules(tp_model)]
     options = {}   # the options of the group that steps each piece's parameters (shards of one name share it)
     for i, piece in enumerate(layer_modules(tp_model)):
         for inner, p in _named(piece).items():
@@ -49,6 +52,8 @@ def state_dicts(tp_model: nn.Module, optimizer) -> Tuple[dict, dict]:
                 options[names[i][inner]] = {k: v for k, v in group_of[id(p)].items() if k != "params"}
     model_state, optim_state = {}, {}
     for i, (params, states) in enumerate(joined):
+        if not stepped[i]:
+            continue
         for inner, tensor in params.items():
             full = names[i][inner]
             model_state[full] = tensor
@@ -60,7 +65,8 @@ def state_dicts(tp_model: nn.Module, optimizer) -> Tuple[dict, dict]:
 
 
 def load(path: str, tp_model: nn.Module, optimizer, group) -> None:
-    """Fill this rank's shards and their optimizer state from a checkpoint of any plan (collective)."""
+    """Fill this rank's shards, of every piece, and the optimizer state of those it steps, from a
+    checkpoint of any plan (collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
