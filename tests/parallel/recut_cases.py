@@ -30,9 +30,24 @@ def reference(global_batch: int, steps: int, kind: str):
 def _local_states(model, pm, optimizer):
     """``{"<TP position>/<name>": state}`` of what this rank steps (position 0 without TP: a TP shard's
     state is its position's, the same name holds another shard at another position)."""
+    if pm.zero is not None:   # flat shards of many parameters: the losses and the model say
+        return {}
     names = {id(p): n for n, p in model.named_parameters()}
     return {f"{pm.tp_position}/{names[id(p)]}": {k: v.clone() for k, v in optimizer.state[p].items()}
             for p in pm.parameters() if p in optimizer.state}
+
+
+def _global_loss(t, pm) -> float:
+    """The step's global-batch loss: the runtime's where it reports one, else (ZeRO reports each rank's
+    mean) the rows-weighted sum over ranks, as ``hcomm train`` computes it."""
+    import math
+
+    if not math.isnan(t.global_loss) or pm.zero is None:
+        return t.global_loss
+    part = torch.tensor([pm.samples / pm.plan.global_batch * t.local_loss if pm.samples else 0.0],
+                        dtype=torch.float64)
+    dist.all_reduce(part)
+    return float(part)
 
 
 def _through_checkpoint(ctx, pm, opt, second, make, lr: float, path: str, step: int):
@@ -92,7 +107,7 @@ def case_restage(ctx, plan_a: str, plan_b: str, steps: int, switch_at: int, kind
                                             for n in after) if move != "reshard" and not shards else \
                     bool(after) and all(after[n].keys() == before[n].keys() for n in after if n in before)
             t = pm.train_step(lambda off, n: data.rows(step, off, n), opt)
-            losses.append(t.global_loss)
+            losses.append(_global_loss(t, pm))
         pm.finish()   # the stages (and a pipeline TP group's shards) come together on every rank
         model = pm.model
         if not pm.plan.pipeline_groups() and pm.plan.tensor_groups():   # TP alone stays in shards

@@ -1,10 +1,11 @@
 """``hcomm train --checkpoint-every N --max-restarts K``: a lost rank costs the steps since the last checkpoint.
 
-4 local ranks (one torchrun per node, as on the emulator), the tiny model,
-ZeRO-2 over uneven rows (each rank writes its own uneven ranges of the
-parameters and moments; plain data parallelism's and a pipeline's files are
-tests/parallel/test_pipeline_checkpoint.py's, a pipeline's restart across
-islands tests/emulate's).
+4 local ranks (one torchrun per node, as on the emulator: islands of two),
+the tiny model, ZeRO-2 over uneven rows in the island layout (HSDP: each
+island shards the whole model, so only the first island writes; a save under
+load once chose it and two ranks claimed the same ranges).  Every other
+layout's files are tests/parallel/test_checkpoint_layouts.py's; a pipeline's
+restart across islands is tests/emulate's.
 A first run trains 6 steps uninterrupted and saves its plan; the second
 trains the same plan with a checkpoint every 2 steps while rank 1 kills
 itself (SIGKILL, HCOMM_TRAIN_FAULT) as step 3 begins: torchrun restarts every
@@ -41,14 +42,20 @@ def _train(tmp_path, *extra, fault=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _failure(text: str) -> str:
+    """A failed launch's own error lines first (torchrun's agents print pages of tracebacks after them)."""
+    mine = [line for line in text.splitlines() if "hcomm train: error" in line or "Error:" in line]
+    return "\n".join(mine[-40:]) + "\n...\n" + text[-2000:]
+
+
 def _losses(path):
     run = json.loads(path.read_text())["runs"][0]
     return [s["loss"] for s in run["steps"]], run["eval_loss"], run["counts"]
 
 
-def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tmp_path):
+def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tmp_path, capsys):
     plan = tmp_path / "plan.yaml"
-    ref = _train(tmp_path, "--plan", "auto@zero=2", "--dp-shares", "0.25,0.375,0.25,0.125",
+    ref = _train(tmp_path, "--plan", "auto@zero=2", "--zero-layout", "island", "--dp-shares", "0.25,0.375,0.25,0.125",
                  "--save-plan", str(plan),
                  "--json", str(tmp_path / "ref.json"))
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
@@ -56,7 +63,7 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tm
     out = _train(tmp_path, "--plan", str(plan), "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt),
                  "--max-restarts", "1", "--json", str(tmp_path / "fault.json"), fault="1:3")
     text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-4000:]
+    assert out.returncode == 0, _failure(text)
     assert "HCOMM_TRAIN_FAULT: rank 1 kills itself at step 3" in text
     assert f"resumed from {ckpt}/step-2: steps 1-2 done, continuing at step 3 of 6" in text
     assert f"checkpoint after step 4: {ckpt}/step-4" in text
@@ -65,46 +72,59 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_with_the_same_losses(tm
     assert got[2] == want[2] == [2, 3, 2, 1]  # the uneven shares survived the restart
     # Only the newest complete checkpoint is kept; no half-written one is left.
     assert sorted(os.listdir(ckpt)) == ["step-4"]
-    assert os.path.isdir(ckpt / "step-4" / "zero")   # the ZeRO shards, each rank's ranges
-    # Started again with --replan-on-resume: planned anew (ZeRO-1, shares by speed), the saved shards moved
-    # into it, steps 5-6 trained: the uninterrupted run's losses within the bound of two plans that sum in
-    # other orders (fp32: 1e-4 relative, as the plans' reference tests).
-    moved = _train(tmp_path, "--plan", "auto@zero=1", "--checkpoint-every", "2", "--checkpoint-dir", str(ckpt),
+    assert os.path.isdir(ckpt / "step-4" / "zero")   # the ZeRO shards: the first island's ranks wrote them
+    # Started again with --replan-on-resume under ZeRO-1 sharded over every rank: planned anew, each rank
+    # reads its new ranges of the island-sharded files, steps 5-6 trained: the uninterrupted run's losses
+    # within the bound of two plans that sum in other orders (fp32: 1e-4 relative, as the plans' reference
+    # tests).
+    moved = _train(tmp_path, "--plan", "auto@zero=1", "--zero-layout", "flat", "--checkpoint-every", "2",
+                   "--checkpoint-dir", str(ckpt),
                    "--replan-on-resume", "--json", str(tmp_path / "moved.json"))
     text = moved.stdout + moved.stderr
-    assert moved.returncode == 0, text[-4000:]
+    assert moved.returncode == 0, _failure(text)
     assert (f"resumed from {ckpt}/step-4: steps 1-4 done, continuing at step 5 of 6 (saved under plan "
             "'auto@zero=2', moved into plan 'auto@zero=1')") in text
     got = _losses(tmp_path / "moved.json")
     assert got[0] == pytest.approx(want[0], rel=1e-4) and got[1] == pytest.approx(want[1], rel=1e-4), (got, want)
-    # Another run (another lr) pointed at this folder is refused before any rank starts, not resumed.
-    other = _train(tmp_path, "--plan", str(plan), "--lr", "0.01", "--checkpoint-every", "2",
-                   "--checkpoint-dir", str(ckpt), timeout=60)
-    assert other.returncode == 2, other.stdout[-2000:] + other.stderr[-2000:]
+    # Another run (another lr) pointed at this folder is refused by the launcher's argument check (the
+    # one a launch makes before any rank starts: test_checkpoint_errors_are_named_before_training), not
+    # resumed, and the checkpoint stays.
+    error = _refused(capsys, "--plan", str(plan), "--lr", "0.01", "--checkpoint-every", "2",
+                     "--checkpoint-dir", str(ckpt))
     assert (f"hcomm train: error: --checkpoint-dir {ckpt}: {ckpt}/step-4 is of another run (it differs in lr); "
-            "give another --checkpoint-dir or remove it") in other.stderr
-    assert "resumed" not in other.stdout + other.stderr and sorted(os.listdir(ckpt)) == ["step-4"]
+            "give another --checkpoint-dir or remove it") in error
+    assert sorted(os.listdir(ckpt)) == ["step-4"]
 
 
-def test_checkpoint_errors_are_named_before_training(tmp_path):
-    """Refused by the launcher before any rank starts (exit 2, nothing trained)."""
+def _refused(capsys, *extra) -> str:
+    """What ``hcomm train``'s argument check (``train.cli.parse``, run by the launcher before any rank
+    starts) prints when it refuses ``extra`` (exit status 2), in this process."""
+    from hcomm.train.cli import parse
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        parse([*TINY, *extra])
+    assert stop.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_checkpoint_errors_are_named_before_training(tmp_path, capsys):
+    """Refused by the launcher before any rank starts (exit 2, nothing trained): one launch shows it end to
+    end, the rest are the same argument check in this process."""
     out = _train(tmp_path, "--plan", "auto,uniform", "--checkpoint-every", "2", timeout=60)
     assert out.returncode == 2
     assert "--checkpoint-every trains one plan and resumes it; --plan lists 2 (auto,uniform)" in out.stderr
+    assert "hcomm train:" not in out.stdout   # no launch line: no rank was started
     for extra, what in ((["--plan", "uniform", "--zero", "1"], "torch's ZeroRedundancyOptimizer"),
                         (["--plan", "uniform@zero=3"], "FSDP2"),
                         (["--plan", "auto@sync_every=4"], "outer sync every 4 steps")):
-        out = _train(tmp_path, *extra, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "z"),
-                     timeout=60)
-        assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+        error = _refused(capsys, *extra, "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "z"))
         assert (f"hcomm train: error: --checkpoint-every: plan '{extra[1]}' uses {what}; checkpoints cover "
                 "data-parallel plans (hcomm's, with or without ZeRO, or the DDP baseline), pipelines and TP groups "
-                "in this version") in out.stderr
-        assert "hcomm train:" not in out.stdout   # no launch line: no rank was started
+                "in this version") in error
     assert not (tmp_path / "z").exists()
-    out = _train(tmp_path, "--plan", "auto", "--replan-on-resume", timeout=60)
-    assert out.returncode == 2
-    assert "--replan-on-resume moves a checkpoint's state into a new plan; give --checkpoint-every N" in out.stderr
+    assert ("--replan-on-resume moves a checkpoint's state into a new plan; give --checkpoint-every N"
+            in _refused(capsys, "--plan", "auto", "--replan-on-resume"))
 
 
 def test_replan_on_resume_refuses_files_the_new_plan_cannot_read():

@@ -56,11 +56,17 @@ def _elementwise_keys(optimizer, engine) -> Tuple[List[str], Dict[str, float]]:
 
 
 def save(path: str, engine, optimizer, group=None, extra: dict = None) -> None:
-    """Every rank writes its shard of parameters and optimizer state (collective; atomic)."""
+    """Every rank writes its shard of parameters and optimizer state (collective; atomic).  Under the
+    island layout (HSDP) every island holds the whole model in its own shards, equal across islands (the
+    replica all-reduce): only the first island's ranks write, so each element is written once."""
+    import torch.distributed as dist
+
     keys, scalars = _elementwise_keys(optimizer, engine)
     info = dict(extra or {}, optimizer=type(optimizer).__name__, optim_keys=keys, optim_scalars=scalars,
                 units=[s.unit.name for s in engine.units])
-    checkpoint.save(path, _pieces(engine, optimizer, keys), info, group=group)
+    replica = engine.replicate_group
+    writes = replica is None or dist.get_rank(group=replica) == 0
+    checkpoint.save(path, _pieces(engine, optimizer, keys) if writes else [], info, group=group)
 
 
 def load(path: str, engine, optimizer, group=None) -> dict:
